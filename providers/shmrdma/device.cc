@@ -1,0 +1,104 @@
+// ibv_query_device(_ex) and ibv_query_port. Every limit comes from
+// device_limits.h, where the same numbers are enforced.
+#include <endian.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "provider.h"
+
+namespace shmrdma::provider {
+
+int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                    size_t attr_size) noexcept {
+  if (!attr || attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  if (input && input->comp_mask) return EINVAL;
+  const layout::DeviceRecord& dev = to_ctx(ibctx)->core->device();
+  ibv_device_attr_ex a{};
+  ibv_device_attr& o = a.orig_attr;
+  std::snprintf(o.fw_ver, sizeof o.fw_ver, "%s", "0.1.0");
+  o.node_guid = htobe64(dev.node_guid);
+  o.sys_image_guid = htobe64(dev.sys_image_guid);
+  o.max_mr_size = uint64_t{1} << 40;
+  o.page_size_cap = 4096;
+  o.vendor_id = limits::kVendorId;
+  o.vendor_part_id = limits::kVendorPartId;
+  o.hw_ver = limits::kHwVer;
+  o.max_qp = limits::kMaxQp;
+  o.max_qp_wr = limits::kMaxQpWr;
+  o.device_cap_flags = 0;
+  o.max_sge = limits::kMaxSge;
+  o.max_sge_rd = limits::kMaxSge;
+  o.max_cq = limits::kMaxCq;
+  o.max_cqe = limits::kMaxCqe;
+  o.max_mr = limits::kMaxMr;
+  o.max_pd = limits::kMaxPd;
+  o.max_qp_rd_atom = 16;
+  o.max_ee_rd_atom = 0;
+  o.max_res_rd_atom = 16 * limits::kMaxQp;
+  o.max_qp_init_rd_atom = 16;
+  o.max_ee_init_rd_atom = 0;
+  o.atomic_cap = IBV_ATOMIC_NONE;
+  o.max_ee = 0;
+  o.max_rdd = 0;
+  o.max_mw = 0;
+  o.max_raw_ipv6_qp = 0;
+  o.max_raw_ethy_qp = 0;
+  o.max_mcast_grp = 0;
+  o.max_mcast_qp_attach = 0;
+  o.max_total_mcast_qp_attach = 0;
+  o.max_ah = limits::kMaxAh;
+  o.max_fmr = 0;
+  o.max_map_per_fmr = 0;
+  o.max_srq = limits::kMaxSrq;
+  o.max_srq_wr = limits::kMaxSrqWr;
+  o.max_srq_sge = limits::kMaxSrqSge;
+  o.max_pkeys = limits::kPkeyTableLen;
+  o.local_ca_ack_delay = 15;
+  o.phys_port_cnt = static_cast<uint8_t>(dev.num_ports);
+  a.comp_mask = 0;
+  a.device_cap_flags_ex = o.device_cap_flags;
+  a.rss_caps.supported_qpts = 0;  // indirection tables exist; RSS QPs over them do not yet
+  a.rss_caps.max_rwq_indirection_tables = limits::kMaxRwqIndTables;
+  a.rss_caps.max_rwq_indirection_table_size = limits::kMaxRwqIndTableSize;
+  a.max_wq_type_rq = limits::kMaxWq;
+  a.phys_port_cnt_ex = dev.num_ports;
+  // Callers built against older headers pass a smaller struct: never write
+  // past what they gave us.
+  std::memcpy(attr, &a, std::min(attr_size, sizeof a));
+  return 0;
+}
+
+int query_port(ibv_context* ibctx, uint8_t port_num, ibv_port_attr* attr) noexcept {
+  const layout::DeviceRecord& dev = to_ctx(ibctx)->core->device();
+  if (!attr || port_num < 1 || port_num > dev.num_ports) return EINVAL;
+  const layout::PortRecord& p = dev.ports[port_num - 1];
+  *attr = ibv_port_attr{};
+  attr->state = IBV_PORT_ACTIVE;
+  attr->max_mtu = IBV_MTU_4096;
+  attr->active_mtu = IBV_MTU_4096;
+  attr->gid_tbl_len = limits::kGidTableLen;
+  attr->port_cap_flags = 0;
+  attr->max_msg_sz = 1u << 31;
+  attr->bad_pkey_cntr = 0;
+  attr->qkey_viol_cntr = 0;
+  attr->pkey_tbl_len = limits::kPkeyTableLen;
+  attr->lid = p.lid;
+  attr->sm_lid = 1;
+  attr->lmc = 0;
+  attr->max_vl_num = 1;        // VL0 only
+  attr->sm_sl = 0;
+  attr->subnet_timeout = 18;
+  attr->init_type_reply = 0;
+  attr->active_width = 2;      // 4X
+  attr->active_speed = 32;     // EDR: 4X EDR reads as 100 Gb/s
+  attr->phys_state = 5;        // LinkUp
+  attr->link_layer = IBV_LINK_LAYER_INFINIBAND;
+  attr->flags = 0;
+  attr->port_cap_flags2 = 0;
+  return 0;
+}
+
+}  // namespace shmrdma::provider

@@ -1,0 +1,68 @@
+// Private objects of the shmrdma plugin and the ops each file provides.
+// Every ibv_* object handed to libibverbs is the first member of one of these
+// structs; to_*() downcasts are the only casts between them.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+
+#include "context.h"
+#include "pabi.h"
+
+namespace shmrdma::provider {
+
+struct Context {
+  verbs_context vctx;  // must be first: libibverbs allocates this struct for us
+  LocalContext* core;
+  int async_write_fd;  // our end of async_fd; async events are written here
+};
+static_assert(offsetof(Context, vctx) == 0);
+
+struct Pd {
+  ibv_pd ibv;
+  uint32_t index;
+};
+
+struct Cq {
+  verbs_cq vcq;
+  CqInfo info;
+  std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here
+};
+
+struct Wq {
+  ibv_wq ibv;
+  WqInfo info;
+};
+
+struct IndTable {
+  ibv_rwq_ind_table ibv;
+  uint32_t index;
+};
+
+inline Context* to_ctx(ibv_context* c) noexcept {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
+inline Pd* to_pd(ibv_pd* p) noexcept { return reinterpret_cast<Pd*>(p); }
+inline Cq* to_cq(ibv_cq* c) noexcept { return reinterpret_cast<Cq*>(c); }
+inline Wq* to_wq(ibv_wq* w) noexcept { return reinterpret_cast<Wq*>(w); }
+inline IndTable* to_ind(ibv_rwq_ind_table* t) noexcept { return reinterpret_cast<IndTable*>(t); }
+
+// device.cc
+int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t) noexcept;
+int query_port(ibv_context*, uint8_t, ibv_port_attr*) noexcept;
+// pd.cc
+ibv_pd* alloc_pd(ibv_context*) noexcept;
+int dealloc_pd(ibv_pd*) noexcept;
+// cq.cc
+ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
+int destroy_cq(ibv_cq*) noexcept;
+int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
+// wq.cc
+ibv_wq* create_wq(ibv_context*, ibv_wq_init_attr*) noexcept;
+int modify_wq(ibv_wq*, ibv_wq_attr*) noexcept;
+int destroy_wq(ibv_wq*) noexcept;
+ibv_rwq_ind_table* create_rwq_ind_table(ibv_context*, ibv_rwq_ind_table_init_attr*) noexcept;
+int destroy_rwq_ind_table(ibv_rwq_ind_table*) noexcept;
+
+}  // namespace shmrdma::provider

@@ -1,0 +1,137 @@
+// The plugin's entry points: registration with libibverbs, device matching,
+// and opening/closing a context. The plugin never issues a kernel command:
+// cmd_fd is /dev/full (or whatever the device node points at) and stays unused.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "paths.h"
+#include "provider.h"
+#include "segment.h"
+
+namespace shmrdma::provider {
+namespace {
+
+// The `shmrdma up` command writes device/modalias = "shmrdma:<name>", so this
+// matches our devices and nothing a kernel driver would create.
+const verbs_match_ent kMatchTable[] = {
+    {nullptr, {.modalias = "shmrdma:*"}, 0, 0, VERBS_MATCH_MODALIAS},
+    {nullptr, {.modalias = nullptr}, 0, 0, VERBS_MATCH_SENTINEL},
+};
+
+struct Device {
+  verbs_device vdev;
+  // Reserve: see verbs_device in pabi.h.
+  char reserved[256];
+};
+
+verbs_device* alloc_device(verbs_sysfs_dev*) noexcept {
+  auto* d = static_cast<Device*>(std::calloc(1, sizeof(Device)));
+  return d ? &d->vdev : nullptr;
+}
+
+void uninit_device(verbs_device* vdev) noexcept { std::free(reinterpret_cast<Device*>(vdev)); }
+
+void free_context(ibv_context* ibctx) noexcept {
+  Context* ctx = to_ctx(ibctx);
+  delete ctx->core;
+  if (ctx->async_write_fd >= 0) ::close(ctx->async_write_fd);
+  verbs_uninit_context(&ctx->vctx);  // closes cmd_fd and async_fd
+  std::free(ctx);
+}
+
+const verbs_context_ops kOps = [] {
+  verbs_context_ops o{};
+  o.alloc_pd = alloc_pd;
+  o.create_cq = create_cq;
+  o.create_rwq_ind_table = create_rwq_ind_table;
+  o.create_wq = create_wq;
+  o.dealloc_pd = dealloc_pd;
+  o.destroy_cq = destroy_cq;
+  o.destroy_rwq_ind_table = destroy_rwq_ind_table;
+  o.destroy_wq = destroy_wq;
+  o.free_context = free_context;
+  o.modify_wq = modify_wq;
+  o.poll_cq = poll_cq;
+  o.query_device_ex = query_device_ex;
+  o.query_port = query_port;
+  return o;
+}();
+
+// The state home is recorded in the device's sysfs directory by `shmrdma up`,
+// so a program finds its device wherever SYSFS_PATH points.
+int locate_device(ibv_device* device, DevicePaths* out) noexcept {
+  try {
+    std::string home;
+    int rc = read_small_file(std::string(device->ibdev_path) + "/" + kHomeFile, &home);
+    if (rc) return rc;
+    if (home.empty() || home[0] != '/') return EPROTO;
+    std::string why;
+    if (!valid_device_name(device->name, &why)) return EPROTO;
+    *out = device_paths(home, device->name);
+    return 0;
+  } catch (...) {
+    return ENOMEM;
+  }
+}
+
+verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) noexcept {
+  auto* ctx = static_cast<Context*>(_verbs_init_and_alloc_context(
+      device, cmd_fd, sizeof(Context), reinterpret_cast<verbs_context*>(offsetof(Context, vctx)),
+      0 /* RDMA_DRIVER_UNKNOWN */));
+  if (!ctx) return nullptr;  // libibverbs closed cmd_fd
+  ctx->async_write_fd = -1;
+  ctx->core = nullptr;
+  int rc = 0;
+  DevicePaths paths;
+  int fds[2] = {-1, -1};
+  std::unique_ptr<LocalContext> core;
+  if ((rc = locate_device(device, &paths)) != 0) goto fail;
+  if ((rc = LocalContext::open(paths, LocalContext::kDefaultHeapSize, &core)) != 0) {
+    if (rc == ENOENT)
+      std::fprintf(stderr, "shmrdma: device %s is not up (run: shmrdma up --name %s)\n", device->name, device->name);
+    goto fail;
+  }
+  // Async events travel through a pipe: ibv_get_async_event reads one
+  // 16-byte event descriptor per event from async_fd.
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    rc = errno;
+    goto fail;
+  }
+  ctx->vctx.context.async_fd = fds[0];
+  ctx->async_write_fd = fds[1];
+  ctx->vctx.context.num_comp_vectors = limits::kNumCompVectors;
+  ctx->core = core.release();
+  verbs_set_ops(&ctx->vctx, &kOps);
+  return &ctx->vctx;
+
+fail:
+  verbs_uninit_context(&ctx->vctx);
+  std::free(ctx);
+  errno = rc;
+  return nullptr;
+}
+
+const verbs_device_ops kDeviceOps = {
+    .name = "shmrdma",
+    .match_min_abi_version = 1,
+    .match_max_abi_version = 1,
+    .match_table = kMatchTable,
+    .static_providers = nullptr,
+    .match_device = nullptr,
+    .alloc_context = alloc_context,
+    .import_context = nullptr,
+    .alloc_device = alloc_device,
+    .uninit_device = uninit_device,
+};
+
+__attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
+
+}  // namespace
+}  // namespace shmrdma::provider

@@ -1,0 +1,123 @@
+#include "context.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+namespace shmrdma {
+
+int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique_ptr<LocalContext>* out) noexcept {
+  std::unique_ptr<LocalContext> c(new (std::nothrow) LocalContext());
+  if (!c) return ENOMEM;
+  int rc = Registry::attach(paths, &c->registry_);
+  if (rc) return rc;
+  std::string segment;
+  rc = c->registry_.register_context(&c->slot_, &c->generation_, &segment);
+  if (rc) return rc;
+  c->layout_ = layout::compute_context_layout(heap_size);
+  rc = Mapping::create(paths.device_dir + "/" + segment, c->layout_.total_size, layout::SegmentKind::kContext, &c->map_);
+  if (rc) {
+    c->registry_.unregister_context(c->slot_, c->generation_);
+    return rc;
+  }
+  try {
+    c->pds_.resize(c->layout_.pd_slots);
+    c->cqs_.resize(c->layout_.cq_slots);
+    c->wqs_.resize(c->layout_.wq_slots);
+    c->inds_.resize(c->layout_.ind_slots);
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;  // the destructor removes the segment and the slot
+  }
+  layout::ContextHeader* h = c->header();
+  h->slot_index = c->slot_;
+  h->slot_generation = c->generation_;
+  h->pd_slots = c->layout_.pd_slots;
+  h->cq_slots = c->layout_.cq_slots;
+  h->wq_slots = c->layout_.wq_slots;
+  h->ind_slots = c->layout_.ind_slots;
+  h->pd_table = c->layout_.pd_table;
+  h->cq_table = c->layout_.cq_table;
+  h->wq_table = c->layout_.wq_table;
+  h->ind_table = c->layout_.ind_table;
+  h->heap_offset = c->layout_.heap_offset;
+  h->heap_size = c->layout_.heap_size;
+  // Tables start zeroed (a new file reads as zeros): every entry is kFree.
+  c->heap_.reset(c->layout_.heap_offset, c->layout_.heap_size);
+  c->map_.publish();
+  *out = std::move(c);
+  return 0;
+}
+
+LocalContext::~LocalContext() {
+  if (map_.base()) {
+    std::string path = map_.path();
+    map_.reset();
+    ::unlink(path.c_str());
+  }
+  if (registry_.valid()) registry_.unregister_context(slot_, generation_);
+}
+
+int LocalContext::charge(layout::ObjKind k, uint32_t limit) noexcept {
+  return registry_.charge(slot_, generation_, k, limit);
+}
+
+void LocalContext::uncharge(layout::ObjKind k) noexcept { registry_.uncharge(slot_, generation_, k); }
+
+uint64_t LocalContext::heap_alloc(uint64_t bytes) noexcept {
+  uint64_t align = bytes >= layout::kPageSize ? layout::kPageSize : layout::kCacheLine;
+  return heap_.allocate(bytes, align);
+}
+
+void LocalContext::heap_free(uint64_t off, uint64_t bytes) noexcept {
+  // Give the pages back before the range can be reused, so a destroyed
+  // queue's memory does not stay charged to tmpfs, then zero what remains
+  // (partial pages) so a new ring never sees stale slots.
+  map_.discard(off, bytes);
+  std::memset(map_.at<char>(off), 0, bytes);
+  heap_.release(off, bytes);
+}
+
+// ------------------------------------------------------------- inspection
+
+int inspect_context(const DevicePaths& paths, const ContextInfo& ctx, ContextObjects* out) noexcept {
+  Mapping m;
+  int rc = Mapping::attach(paths.device_dir + "/" + ctx.segment, layout::SegmentKind::kContext, 0, &m);
+  if (rc) return rc;
+  auto* h = static_cast<layout::ContextHeader*>(m.base());
+  // Geometry comes from our own computation, never from the header: the
+  // header must agree with it or the segment is rejected.
+  layout::ContextLayout l = layout::compute_context_layout(m.size() - layout::compute_context_layout(0).total_size);
+  if (h->pd_table != l.pd_table || h->cq_table != l.cq_table || h->wq_table != l.wq_table ||
+      h->ind_table != l.ind_table || h->pd_slots != l.pd_slots || h->cq_slots != l.cq_slots ||
+      h->wq_slots != l.wq_slots || h->ind_slots != l.ind_slots || l.total_size != m.size() ||
+      h->hdr.owner_pid != ctx.pid)
+    return EPROTO;
+  ContextObjects o;
+  try {
+    auto* pds = m.at<layout::PdEntry>(l.pd_table);
+    for (uint32_t i = 0; i < l.pd_slots; ++i)
+      o.pds += pds[i].state.load(std::memory_order_acquire) == layout::kLive;  // A1 pairs with R1
+    auto* cqs = m.at<layout::CqEntry>(l.cq_table);
+    for (uint32_t i = 0; i < l.cq_slots; ++i)
+      o.cqs += cqs[i].state.load(std::memory_order_acquire) == layout::kLive;
+    auto* inds = m.at<layout::IndTableEntry>(l.ind_table);
+    for (uint32_t i = 0; i < l.ind_slots; ++i)
+      o.ind_tables += inds[i].state.load(std::memory_order_acquire) == layout::kLive;
+    auto* wqs = m.at<layout::WqEntry>(l.wq_table);
+    for (uint32_t i = 0; i < l.wq_slots; ++i) {
+      if (wqs[i].state.load(std::memory_order_acquire) != layout::kLive) continue;
+      ++o.wqs;
+      o.wq_list.push_back({wqs[i].wq_num & limits::kQpnMask,
+                           std::min<uint32_t>(wqs[i].wq_state.load(std::memory_order_relaxed), 3),
+                           wqs[i].capacity, wqs[i].max_sge, wqs[i].pd_index, wqs[i].cq_index});
+    }
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
+  *out = std::move(o);
+  return 0;
+}
+
+}  // namespace shmrdma

@@ -1,0 +1,285 @@
+#include "device_setup.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <algorithm>
+#include <set>
+
+namespace shmrdma {
+
+namespace {
+
+// The device node is a character device with the numbers of /dev/full: it
+// never has to do anything (no kernel command is ever sent), and should
+// libibverbs itself write a kernel command it fails cleanly with ENOSPC.
+constexpr unsigned kCdevMajor = 1, kCdevMinor = 7;
+
+int mkdirs(const std::string& path, mode_t mode) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    cur = path.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno;
+  }
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return errno;
+  return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+}
+
+int remove_tree(const std::string& path) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? 0 : errno;
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+        remove_tree(path + "/" + e->d_name);
+      }
+      ::closedir(d);
+    }
+    return ::rmdir(path.c_str()) == 0 ? 0 : errno;
+  }
+  return ::unlink(path.c_str()) == 0 ? 0 : errno;
+}
+
+std::string gid_string(uint64_t prefix, uint64_t iface) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04x:%04x:%04x:%04x:%04x:%04x:%04x:%04x",
+                unsigned(prefix >> 48) & 0xffff, unsigned(prefix >> 32) & 0xffff, unsigned(prefix >> 16) & 0xffff,
+                unsigned(prefix) & 0xffff, unsigned(iface >> 48) & 0xffff, unsigned(iface >> 32) & 0xffff,
+                unsigned(iface >> 16) & 0xffff, unsigned(iface) & 0xffff);
+  return buf;
+}
+
+uint64_t random_guid() {
+  uint64_t g = 0;
+  if (::getrandom(&g, sizeof g, 0) != sizeof g) g = static_cast<uint64_t>(::time(nullptr)) * 0x9e3779b97f4a7c15ull;
+  // EUI-64 with the locally administered bit set and the group bit clear:
+  // never a manufacturer's GUID. The low byte is left for port numbers.
+  g = (g & 0x00ffffffffffff00ull) | (0x02ull << 56);
+  return g;
+}
+
+// LIDs already used by other devices under the same home.
+std::set<uint16_t> used_lids(const std::string& home, const std::string& except) {
+  std::set<uint16_t> lids;
+  for (const std::string& n : list_devices(home)) {
+    if (n == except) continue;
+    Registry r;
+    if (Registry::attach(device_paths(home, n), &r) != 0) continue;
+    for (uint32_t p = 0; p < r.device().num_ports; ++p) lids.insert(r.device().ports[p].lid);
+  }
+  return lids;
+}
+
+struct Writer {
+  int rc = 0;
+  void file(const std::string& path, const std::string& text) {
+    if (rc) return;
+    rc = write_file_atomic(path, text + "\n", 0444);
+  }
+  void dir(const std::string& path) {
+    if (rc) return;
+    rc = mkdirs(path, 0755);
+  }
+};
+
+int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string* why) {
+  Writer w;
+  w.dir(p.uverbs_dir);
+  w.file(p.sysfs_root + "/class/infiniband_verbs/abi_version", "6");
+  w.file(p.uverbs_dir + "/ibdev", p.name);
+  w.file(p.uverbs_dir + "/dev", std::to_string(kCdevMajor) + ":" + std::to_string(kCdevMinor));
+  w.file(p.uverbs_dir + "/abi_version", "1");
+  w.dir(p.ibdev_dir + "/device");
+  w.file(p.ibdev_dir + "/device/modalias", "shmrdma:" + p.name);
+  w.file(p.ibdev_dir + "/node_type", "1: CA");
+  w.file(p.ibdev_dir + "/node_guid", guid_string(d.node_guid));
+  w.file(p.ibdev_dir + "/sys_image_guid", guid_string(d.sys_image_guid));
+  w.file(p.ibdev_dir + "/node_desc", "shmrdma " + p.name);
+  w.file(p.ibdev_dir + "/fw_ver", "0.1.0");
+  w.file(p.ibdev_dir + "/hca_type", "shmrdma");
+  w.file(p.ibdev_dir + "/hw_rev", "1");
+  w.file(p.ibdev_dir + "/board_id", "SHMRDMA");
+  w.file(p.ibdev_dir + "/" + kHomeFile, p.home);
+  for (uint32_t i = 0; i < d.num_ports; ++i) {
+    const layout::PortRecord& port = d.ports[i];
+    std::string pd = p.ibdev_dir + "/ports/" + std::to_string(i + 1);
+    w.dir(pd + "/gids");
+    w.dir(pd + "/gid_attrs/types");
+    w.dir(pd + "/gid_attrs/ndevs");
+    w.dir(pd + "/pkeys");
+    char lid[16];
+    std::snprintf(lid, sizeof lid, "0x%x", port.lid);
+    w.file(pd + "/lid", lid);
+    w.file(pd + "/lid_mask_count", "0");
+    w.file(pd + "/sm_lid", "0x1");
+    w.file(pd + "/sm_sl", "0");
+    w.file(pd + "/state", "4: ACTIVE");
+    w.file(pd + "/phys_state", "5: LinkUp");
+    w.file(pd + "/rate", "100 Gb/sec (4X EDR)");
+    w.file(pd + "/link_layer", "InfiniBand");
+    w.file(pd + "/cap_mask", "0x00000000");
+    // The GID table is these files: libibverbs reads GIDs only from sysfs.
+    for (uint32_t g = 0; g < limits::kGidTableLen; ++g) {
+      w.file(pd + "/gids/" + std::to_string(g), g == 0 ? gid_string(0xfe80000000000000ull, port.port_guid)
+                                                         : gid_string(0, 0));
+      w.file(pd + "/gid_attrs/types/" + std::to_string(g), "IB/RoCE v1");
+    }
+    for (uint32_t k = 0; k < limits::kPkeyTableLen; ++k) w.file(pd + "/pkeys/" + std::to_string(k), "0xffff");
+  }
+  if (w.rc && why) *why = "cannot write the sysfs tree under " + p.sysfs_root + ": " + std::strerror(w.rc);
+  return w.rc;
+}
+
+bool cdev_ok(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == kCdevMajor &&
+         minor(st.st_rdev) == kCdevMinor;
+}
+
+void ensure_cdev(const DevicePaths& p, UpResult* out) {
+  if (cdev_ok(p.cdev)) {
+    out->cdev_ready = true;
+    return;
+  }
+  if (::geteuid() == 0) {
+    ::mkdir("/dev/infiniband", 0755);
+    ::unlink(p.cdev.c_str());
+    if (::mknod(p.cdev.c_str(), S_IFCHR | 0666, makedev(kCdevMajor, kCdevMinor)) == 0) {
+      ::chmod(p.cdev.c_str(), 0666);  // umask must not keep other users' programs out
+      out->cdev_ready = cdev_ok(p.cdev);
+      if (out->cdev_ready) return;
+    }
+  }
+  out->cdev_hint = "mkdir -p /dev/infiniband && mknod -m 666 " + p.cdev + " c " + std::to_string(kCdevMajor) + " " +
+                   std::to_string(kCdevMinor);
+}
+
+}  // namespace
+
+std::string guid_string(uint64_t guid) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%04x:%04x:%04x:%04x", unsigned(guid >> 48) & 0xffff,
+                unsigned(guid >> 32) & 0xffff, unsigned(guid >> 16) & 0xffff, unsigned(guid) & 0xffff);
+  return buf;
+}
+
+std::vector<std::string> list_devices(const std::string& home) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir((home + "/devices").c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      if (!valid_device_name(e->d_name, nullptr)) continue;
+      if (::access((home + "/devices/" + e->d_name + "/registry").c_str(), F_OK) == 0) out.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why) {
+  std::string reason;
+  if (!valid_device_name(name, &reason)) {
+    *why = "invalid device name '" + name + "': " + reason;
+    return EINVAL;
+  }
+  if (ports > limits::kMaxPorts) {
+    *why = "--ports must be between 1 and " + std::to_string(limits::kMaxPorts);
+    return EINVAL;
+  }
+  DevicePaths p = device_paths(home, name);
+  if (int rc = mkdirs(home, 0700)) {
+    *why = "cannot create " + home + ": " + std::strerror(rc);
+    return rc;
+  }
+  if (int rc = mkdirs(p.device_dir, 0700)) {
+    *why = "cannot create " + p.device_dir + ": " + std::strerror(rc);
+    return rc;
+  }
+  Registry reg;
+  int rc = Registry::attach(p, &reg);
+  if (rc == EPROTO || rc == EAGAIN) {
+    // A registry of another layout version, or one whose creator died before
+    // publishing it: nothing can use it, so it is replaced.
+    ::unlink(p.registry.c_str());
+    rc = ENOENT;
+  }
+  if (rc == 0) {
+    if (ports != 0 && reg.device().num_ports != ports) {
+      *why = "device " + name + " is already up with " + std::to_string(reg.device().num_ports) +
+             " port(s); bring it down first to change that";
+      return EEXIST;
+    }
+    out->created = false;
+    out->reclaimed = reg.reclaim_dead();
+  } else if (rc == ENOENT) {
+    if (ports == 0) ports = 1;
+    layout::DeviceRecord d{};
+    std::snprintf(d.name, sizeof d.name, "%s", name.c_str());
+    d.node_guid = random_guid();
+    d.sys_image_guid = d.node_guid;
+    d.num_ports = ports;
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    d.created_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+    std::set<uint16_t> taken = used_lids(home, name);
+    uint16_t lid = 1;
+    for (uint32_t i = 0; i < ports; ++i) {
+      while (taken.count(lid)) ++lid;
+      d.ports[i].lid = lid++;
+      d.ports[i].state = 4;  // IBV_PORT_ACTIVE
+      d.ports[i].port_guid = d.node_guid + i + 1;
+    }
+    rc = Registry::create(p, d, &reg);
+    if (rc == EEXIST) rc = Registry::attach(p, &reg);  // someone else won the race
+    if (rc) {
+      *why = "cannot create the registry " + p.registry + ": " + std::strerror(rc);
+      return rc;
+    }
+    out->created = true;
+  } else {
+    *why = "cannot open the registry " + p.registry + ": " + std::strerror(rc);
+    return rc;
+  }
+  if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  ensure_cdev(p, out);
+  return 0;
+}
+
+int device_down(const std::string& home, const std::string& name, bool force, std::string* why) {
+  DevicePaths p = device_paths(home, name);
+  Registry reg;
+  int rc = Registry::attach(p, &reg);
+  if (rc == 0) {
+    auto live = reg.live_contexts();
+    if (!live.empty() && !force) {
+      std::string pids;
+      for (const auto& c : live) pids += (pids.empty() ? "" : ", ") + std::to_string(c.pid);
+      *why = "device " + name + " is in use by process(es) " + pids + " (use --force to remove it anyway)";
+      return EBUSY;
+    }
+  } else if (rc == ENOENT && ::access(p.ibdev_dir.c_str(), F_OK) != 0) {
+    *why = "device " + name + " is not up";
+    return ENOENT;
+  }
+  remove_tree(p.uverbs_dir);
+  remove_tree(p.ibdev_dir);
+  remove_tree(p.device_dir);
+  if (cdev_ok(p.cdev)) ::unlink(p.cdev.c_str());
+  return 0;
+}
+
+}  // namespace shmrdma

@@ -1,0 +1,36 @@
+// Bringing a device up and down: the sysfs tree libibverbs reads, the
+// registry segment and the character device node.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "paths.h"
+#include "registry.h"
+
+namespace shmrdma {
+
+struct UpResult {
+  bool created = false;        // false: the device was already up
+  bool cdev_ready = false;     // /dev/infiniband/<uverbs> exists and is right
+  std::string cdev_hint;       // what to run as root when it is not
+  int reclaimed = 0;           // dead contexts cleaned up
+};
+
+// Creates the device or, when it is already up, repairs what is missing
+// (sysfs files, device node) and reclaims dead contexts. ports == 0 means
+// "1 for a new device, whatever it has for an existing one". Returns 0 or errno
+// and an explanation in *why.
+int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why);
+
+// Removes a device. EBUSY (with the live pids in *why) while contexts are
+// open, unless force.
+int device_down(const std::string& home, const std::string& name, bool force, std::string* why);
+
+// Names of the devices under `home` (those with a registry file).
+std::vector<std::string> list_devices(const std::string& home);
+
+// The node GUID "xxxx:xxxx:xxxx:xxxx" form used in sysfs.
+std::string guid_string(uint64_t guid);
+
+}  // namespace shmrdma

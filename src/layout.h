@@ -1,0 +1,249 @@
+// Every type that lives in shared memory, in one place.
+//
+// Trust boundary: a segment is a file that other processes of the same uid
+// can map and write. Nothing read back from it is trusted: geometry (table
+// sizes, offsets) is recomputed privately by compute_*_layout() and compared
+// with the header, indices are bounds-checked or masked before use, counts
+// and lengths are clamped. A corrupt peer may make its own operations fail;
+// it must never crash another process.
+//
+// Rules for the types below: standard layout, trivially copyable, fixed-width
+// fields, offsets never pointers, every atomic always lock-free (it is shared
+// between processes, where a lock-based std::atomic would not work).
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "device_limits.h"
+
+namespace shmrdma::layout {
+
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
+inline constexpr uint32_t kCacheLine = 64;
+inline constexpr uint32_t kPageSize = 4096;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "cross-process atomics must not fall back to a process-local lock");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "cross-process atomics must not fall back to a process-local lock");
+
+enum class SegmentKind : uint32_t { kRegistry = 1, kContext = 2 };
+
+// Publication protocol: the creator fills the whole segment, then stores
+// ready = kReadyMagic with release (R0). An attacher loads ready with acquire
+// (A0 pairs with R0) before it reads anything else.
+inline constexpr uint32_t kReadyMagic = 0x52454459;  // "READ"
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t kind;            // SegmentKind
+  uint64_t layout_size;     // size of the whole file in bytes
+  std::atomic<uint32_t> ready;
+  uint32_t owner_pid;
+  uint64_t owner_start_time;  // /proc/<pid>/stat starttime: a reused pid differs
+};
+static_assert(sizeof(SegmentHeader) == 40);
+static_assert(offsetof(SegmentHeader, ready) == 24);
+static_assert(std::is_standard_layout_v<SegmentHeader>);
+
+// ---------------------------------------------------------------- registry
+
+// State of a shared table entry. Writers fill the entry, then store kLive
+// with release (R1); readers load state with acquire (A1 pairs with R1).
+// Entries are only ever written by the process that owns them.
+enum EntryState : uint32_t { kFree = 0, kLive = 1 };
+
+// Object kinds that count against device-wide limits.
+enum ObjKind : uint32_t { kObjPd = 0, kObjCq, kObjWq, kObjIndTable, kObjQp, kObjSrq, kObjMr, kObjAh,
+                          kObjKinds };
+
+struct PortRecord {
+  uint16_t lid;
+  uint8_t state;       // ibv_port_state
+  uint8_t reserved[5];
+  uint64_t port_guid;  // GID[0] = fe80::/64 + port_guid
+};
+static_assert(sizeof(PortRecord) == 16);
+
+struct DeviceRecord {
+  char name[64];       // NUL-terminated ibdev name, e.g. "shm0"
+  uint64_t node_guid;  // network byte order is applied at the verbs boundary
+  uint64_t sys_image_guid;
+  uint64_t created_unix_ns;
+  uint32_t num_ports;
+  uint32_t reserved;
+  PortRecord ports[limits::kMaxPorts];
+};
+static_assert(sizeof(DeviceRecord) == 96 + 16 * limits::kMaxPorts);
+
+// One open verbs context. Slot state transitions (kFree -> kLive -> kFree)
+// happen under the registry lock; `held` is written by the owner under the
+// same lock, so the sum over live slots is exact when read under the lock.
+struct ContextSlot {
+  std::atomic<uint32_t> state;  // EntryState
+  uint32_t pid;
+  uint64_t start_time;
+  uint32_t generation;          // bumped on every reuse of the slot
+  uint32_t reserved;
+  char segment[48];             // file name of the context segment, NUL-terminated
+  uint32_t held[kObjKinds];
+};
+static_assert(sizeof(ContextSlot) == 72 + 4 * kObjKinds);
+static_assert(offsetof(ContextSlot, state) == 0);
+static_assert(std::is_standard_layout_v<ContextSlot>);
+
+struct RegistrySegment {
+  SegmentHeader hdr;
+  uint32_t reserved0;
+  uint32_t reserved1;
+  // Control-path lock (process-shared, robust: a holder that dies is
+  // detected with EOWNERDEAD). Never taken on a data path.
+  alignas(kCacheLine) pthread_mutex_t lock;
+  alignas(kCacheLine) std::atomic<uint32_t> next_qpn;  // QPN/WQN allocator, masked to 24 bits
+  uint32_t reserved2;
+  DeviceRecord device;
+  alignas(kCacheLine) ContextSlot contexts[limits::kMaxContexts];
+};
+static_assert(std::is_standard_layout_v<RegistrySegment>);
+static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
+static_assert(offsetof(RegistrySegment, next_qpn) % kCacheLine == 0);
+static_assert(std::is_trivially_copyable_v<pthread_mutex_t>);
+
+inline constexpr uint64_t registry_size() {
+  return (sizeof(RegistrySegment) + kPageSize - 1) / kPageSize * kPageSize;
+}
+
+// ------------------------------------------------------ context segments
+
+struct PdEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+};
+static_assert(sizeof(PdEntry) == 8);
+
+struct CqEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t capacity;     // ring slots (power of two)
+  uint32_t slot_stride;
+  uint64_t ring_offset;  // offset of the RingShared header from the segment start
+  uint64_t ring_bytes;
+};
+static_assert(sizeof(CqEntry) == 32);
+
+struct WqEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t wq_num;
+  uint32_t wq_type;                 // ibv_wq_type
+  std::atomic<uint32_t> wq_state;   // ibv_wq_state, written by the owner with release
+  uint32_t pd_index;
+  uint32_t cq_index;
+  uint32_t capacity;                // ring slots (power of two) == max_wr
+  uint32_t max_sge;
+  uint32_t slot_stride;
+  uint64_t ring_offset;
+  uint64_t ring_bytes;
+};
+static_assert(sizeof(WqEntry) == 56);
+static_assert(offsetof(WqEntry, wq_state) == 16);
+
+struct IndTableEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t log_size;
+  uint32_t ind_tbl_num;
+  uint64_t wq_list_offset;  // uint32_t WQ table indices, 1 << log_size of them
+};
+static_assert(sizeof(IndTableEntry) == 24);
+
+struct ContextHeader {
+  SegmentHeader hdr;
+  uint32_t slot_index;      // index of this context in the registry
+  uint32_t slot_generation;
+  uint32_t pd_slots, cq_slots, wq_slots, ind_slots;
+  uint64_t pd_table, cq_table, wq_table, ind_table;  // offsets from the segment start
+  uint64_t heap_offset, heap_size;
+};
+static_assert(std::is_standard_layout_v<ContextHeader>);
+
+// The whole geometry of a context segment, computed in one place. Attachers
+// compute it themselves and reject a header that disagrees.
+struct ContextLayout {
+  uint64_t pd_table, cq_table, wq_table, ind_table;
+  uint32_t pd_slots, cq_slots, wq_slots, ind_slots;
+  uint64_t heap_offset, heap_size, total_size;
+};
+
+inline constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+inline constexpr ContextLayout compute_context_layout(uint64_t heap_size) {
+  ContextLayout l{};
+  l.pd_slots = limits::kCtxPdSlots;
+  l.cq_slots = limits::kCtxCqSlots;
+  l.wq_slots = limits::kCtxWqSlots;
+  l.ind_slots = limits::kCtxIndTableSlots;
+  uint64_t off = align_up(sizeof(ContextHeader), kPageSize);
+  l.pd_table = off;
+  off = align_up(off + sizeof(PdEntry) * l.pd_slots, kCacheLine);
+  l.cq_table = off;
+  off = align_up(off + sizeof(CqEntry) * l.cq_slots, kCacheLine);
+  l.wq_table = off;
+  off = align_up(off + sizeof(WqEntry) * l.wq_slots, kCacheLine);
+  l.ind_table = off;
+  off = align_up(off + sizeof(IndTableEntry) * l.ind_slots, kPageSize);
+  l.heap_offset = off;
+  l.heap_size = align_up(heap_size, kPageSize);
+  l.total_size = l.heap_offset + l.heap_size;
+  return l;
+}
+
+// ---------------------------------------------------- work queue entries
+
+// Scatter/gather element as stored in a ring slot.
+struct WireSge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+static_assert(sizeof(WireSge) == 16);
+
+// A receive WQE: this header followed by num_sge WireSge in the same slot.
+struct RecvWqeHeader {
+  uint64_t wr_id;
+  uint32_t num_sge;   // untrusted: consumers clamp it to the queue's private max_sge
+  uint32_t reserved;
+};
+static_assert(sizeof(RecvWqeHeader) == 16);
+
+// A completion as stored in a CQ ring slot. Producers are the owner (local
+// send completions, flushes) and peers (receive completions); all fields are
+// untrusted when read: the poller clamps enums and lengths before handing
+// them to the application.
+struct Cqe {
+  uint64_t wr_id;
+  uint32_t status;      // ibv_wc_status
+  uint32_t opcode;      // ibv_wc_opcode
+  uint32_t vendor_err;
+  uint32_t byte_len;
+  uint32_t imm_data;    // network byte order, as in ibv_wc
+  uint32_t qp_num;      // local QP or WQ number the completion belongs to
+  uint32_t src_qp;
+  uint32_t wc_flags;    // ibv_wc_flags
+  uint16_t pkey_index;
+  uint16_t slid;
+  uint8_t sl;
+  uint8_t dlid_path_bits;
+  uint16_t reserved;
+};
+static_assert(sizeof(Cqe) == 48);
+static_assert(std::is_trivially_copyable_v<Cqe>);
+
+}  // namespace shmrdma::layout

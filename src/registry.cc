@@ -1,0 +1,245 @@
+#include "registry.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include "proc.h"
+
+namespace shmrdma {
+
+using layout::ContextSlot;
+using layout::RegistrySegment;
+
+namespace {
+
+constexpr int kLockTimeoutSeconds = 10;
+
+void copy_slot(const ContextSlot& s, uint32_t index, ContextInfo* out) {
+  out->slot = index;
+  out->generation = s.generation;
+  out->pid = s.pid;
+  out->start_time = s.start_time;
+  char name[sizeof s.segment + 1];
+  std::memcpy(name, s.segment, sizeof s.segment);
+  name[sizeof s.segment] = '\0';
+  out->segment = name;
+  std::memcpy(out->held, s.held, sizeof out->held);
+}
+
+// A segment file name we would have written: ctx-<digits>-<digits>.
+bool is_context_file(const char* name) {
+  if (std::strncmp(name, "ctx-", 4) != 0) return false;
+  const char* p = name + 4;
+  int dashes = 0;
+  for (; *p; ++p) {
+    if (*p == '-') ++dashes;
+    else if (*p < '0' || *p > '9') return false;
+  }
+  return dashes == 1;
+}
+
+}  // namespace
+
+int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out) noexcept {
+  Mapping m;
+  int rc = Mapping::create(paths.registry, layout::registry_size(), layout::SegmentKind::kRegistry, &m);
+  if (rc) return rc;
+  auto* s = static_cast<RegistrySegment*>(m.base());
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  rc = pthread_mutex_init(&s->lock, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc) {
+    ::unlink(paths.registry.c_str());
+    return rc;
+  }
+  s->next_qpn.store(limits::kFirstQpn, std::memory_order_relaxed);
+  s->device = device;
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) s->contexts[i].state.store(layout::kFree, std::memory_order_relaxed);
+  m.publish();
+  Registry r;
+  r.map_ = std::move(m);
+  r.paths_ = paths;
+  r.device_ = device;
+  *out = std::move(r);
+  return 0;
+}
+
+int Registry::attach(const DevicePaths& paths, Registry* out) noexcept {
+  Mapping m;
+  int rc = Mapping::attach(paths.registry, layout::SegmentKind::kRegistry, layout::registry_size(), &m);
+  if (rc) return rc;
+  auto* s = static_cast<RegistrySegment*>(m.base());
+  layout::DeviceRecord d;
+  std::memcpy(&d, &s->device, sizeof d);
+  d.name[sizeof d.name - 1] = '\0';
+  if (d.num_ports < 1 || d.num_ports > limits::kMaxPorts || paths.name != d.name) return EPROTO;
+  Registry r;
+  r.map_ = std::move(m);
+  r.paths_ = paths;
+  r.device_ = d;
+  *out = std::move(r);
+  return 0;
+}
+
+int Registry::lock() noexcept {
+  timespec deadline{};
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += kLockTimeoutSeconds;
+  int rc = pthread_mutex_timedlock(&seg()->lock, &deadline);
+  if (rc == EOWNERDEAD) {
+    // The previous holder died inside a critical section. Every critical
+    // section leaves the slot table consistent at each store, and
+    // reclaim_locked() recomputes what a dead owner held, so mark it usable.
+    pthread_mutex_consistent(&seg()->lock);
+    reclaim_locked(nullptr);
+    return 0;
+  }
+  return rc;
+}
+
+void Registry::unlock() noexcept { pthread_mutex_unlock(&seg()->lock); }
+
+class Registry::Guard {
+ public:
+  explicit Guard(Registry& r) : r_(r), rc_(r.lock()) {}
+  ~Guard() {
+    if (rc_ == 0) r_.unlock();
+  }
+  int rc() const { return rc_; }
+
+ private:
+  Registry& r_;
+  int rc_;
+};
+
+int Registry::register_context(uint32_t* slot, uint32_t* generation, std::string* segment) noexcept {
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  reclaim_locked(nullptr);
+  ProcessId self = self_process();
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_relaxed) != layout::kFree) continue;
+    s.pid = static_cast<uint32_t>(self.pid);
+    s.start_time = self.start_time;
+    s.generation += 1;
+    std::memset(s.held, 0, sizeof s.held);
+    std::memset(s.segment, 0, sizeof s.segment);
+    std::snprintf(s.segment, sizeof s.segment, "ctx-%u-%u", i, s.generation);
+    *slot = i;
+    *generation = s.generation;
+    *segment = s.segment;
+    // R1: the slot's fields are visible to anyone who sees kLive (A1).
+    s.state.store(layout::kLive, std::memory_order_release);
+    return 0;
+  }
+  return ENOMEM;
+}
+
+void Registry::unregister_context(uint32_t slot, uint32_t generation) noexcept {
+  if (slot >= limits::kMaxContexts) return;
+  Guard g(*this);
+  if (g.rc()) return;  // a later reclaim frees it once we are gone
+  ContextSlot& s = seg()->contexts[slot];
+  if (s.generation != generation || s.pid != static_cast<uint32_t>(self_process().pid)) return;
+  std::memset(s.held, 0, sizeof s.held);
+  s.state.store(layout::kFree, std::memory_order_release);
+}
+
+int Registry::charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, uint32_t limit) noexcept {
+  if (slot >= limits::kMaxContexts || kind >= layout::kObjKinds) return EINVAL;
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  ContextSlot& mine = seg()->contexts[slot];
+  if (mine.generation != generation || mine.state.load(std::memory_order_relaxed) != layout::kLive)
+    return EIO;  // our slot was taken from us: someone thought we were dead
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    const ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_relaxed) == layout::kLive) total += s.held[kind];
+  }
+  if (total >= limit) return ENOMEM;
+  mine.held[kind] += 1;
+  return 0;
+}
+
+void Registry::uncharge(uint32_t slot, uint32_t generation, layout::ObjKind kind) noexcept {
+  if (slot >= limits::kMaxContexts || kind >= layout::kObjKinds) return;
+  Guard g(*this);
+  if (g.rc()) return;
+  ContextSlot& mine = seg()->contexts[slot];
+  if (mine.generation != generation) return;
+  if (mine.held[kind] > 0) mine.held[kind] -= 1;
+}
+
+uint32_t Registry::alloc_qpn() noexcept {
+  for (;;) {
+    uint32_t n = seg()->next_qpn.fetch_add(1, std::memory_order_relaxed) & limits::kQpnMask;
+    if (n >= limits::kFirstQpn) return n;
+  }
+}
+
+int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
+  int count = 0;
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_relaxed) != layout::kLive) continue;
+    if (process_alive(static_cast<pid_t>(s.pid), s.start_time)) continue;
+    ContextInfo info;
+    copy_slot(s, i, &info);
+    if (is_context_file(info.segment.c_str()))
+      ::unlink((paths_.device_dir + "/" + info.segment).c_str());
+    std::memset(s.held, 0, sizeof s.held);
+    s.state.store(layout::kFree, std::memory_order_release);
+    if (reclaimed) reclaimed->push_back(std::move(info));
+    ++count;
+  }
+  // Segment files that no live slot names are left over from a process that
+  // died between creating its file and registering it, or after freeing it.
+  if (DIR* d = ::opendir(paths_.device_dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (!is_context_file(e->d_name)) continue;
+      bool referenced = false;
+      for (uint32_t i = 0; i < limits::kMaxContexts && !referenced; ++i) {
+        const ContextSlot& s = seg()->contexts[i];
+        referenced = s.state.load(std::memory_order_relaxed) == layout::kLive &&
+                     std::strncmp(s.segment, e->d_name, sizeof s.segment) == 0;
+      }
+      if (!referenced) ::unlinkat(::dirfd(d), e->d_name, 0);
+    }
+    ::closedir(d);
+  }
+  return count;
+}
+
+int Registry::reclaim_dead(std::vector<ContextInfo>* reclaimed) noexcept {
+  Guard g(*this);
+  if (g.rc()) return -g.rc();
+  return reclaim_locked(reclaimed);
+}
+
+std::vector<ContextInfo> Registry::live_contexts() noexcept {
+  std::vector<ContextInfo> out;
+  Guard g(*this);
+  if (g.rc()) return out;
+  reclaim_locked(nullptr);
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    const ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_acquire) != layout::kLive) continue;  // A1 pairs with R1
+    ContextInfo info;
+    copy_slot(s, i, &info);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace shmrdma

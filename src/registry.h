@@ -1,0 +1,74 @@
+// The registry segment of one device: identity, the table of open contexts
+// (pid + start time), device-wide object accounting and QPN allocation.
+// Control path only; every call takes the registry's robust process-shared
+// lock with a timeout, so a dead or stuck holder cannot hang anyone forever.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layout.h"
+#include "paths.h"
+#include "segment.h"
+
+namespace shmrdma {
+
+struct ContextInfo {
+  uint32_t slot;
+  uint32_t generation;
+  uint32_t pid;
+  uint64_t start_time;
+  std::string segment;  // file name in the device directory
+  uint32_t held[layout::kObjKinds];
+};
+
+class Registry {
+ public:
+  Registry() = default;
+  Registry(Registry&&) noexcept = default;
+  Registry& operator=(Registry&&) noexcept = default;
+
+  // Creates the registry file of a new device (EEXIST if there is one).
+  static int create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out) noexcept;
+  // Attaches to an existing registry; ENOENT if the device is not up.
+  static int attach(const DevicePaths& paths, Registry* out) noexcept;
+
+  bool valid() const noexcept { return map_.base() != nullptr; }
+  const DevicePaths& paths() const noexcept { return paths_; }
+  // Validated private copy taken at attach.
+  const layout::DeviceRecord& device() const noexcept { return device_; }
+
+  // Allocates a context slot for this process. The segment file name is
+  // chosen here (ctx-<slot>-<generation>) and returned in *segment.
+  int register_context(uint32_t* slot, uint32_t* generation, std::string* segment) noexcept;
+  // Frees the slot (after the caller removed its segment file).
+  void unregister_context(uint32_t slot, uint32_t generation) noexcept;
+
+  // Device-wide accounting: ENOMEM when `limit` objects of `kind` exist.
+  int charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, uint32_t limit) noexcept;
+  void uncharge(uint32_t slot, uint32_t generation, layout::ObjKind kind) noexcept;
+
+  // Next QP/WQ number (24 bits, never 0 or 1).
+  uint32_t alloc_qpn() noexcept;
+
+  // Frees the slots of dead processes and removes their segments and any
+  // orphaned segment files. Returns how many contexts were reclaimed.
+  int reclaim_dead(std::vector<ContextInfo>* reclaimed = nullptr) noexcept;
+
+  // Live contexts (after reclaiming dead ones).
+  std::vector<ContextInfo> live_contexts() noexcept;
+
+ private:
+  class Guard;
+  int lock() noexcept;
+  void unlock() noexcept;
+  layout::RegistrySegment* seg() const noexcept { return static_cast<layout::RegistrySegment*>(map_.base()); }
+  int reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept;
+
+  Mapping map_;
+  DevicePaths paths_;
+  layout::DeviceRecord device_{};
+};
+
+}  // namespace shmrdma

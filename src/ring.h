@@ -1,0 +1,535 @@
+// SPDX-License-Identifier: MIT
+//
+// ring.h - bounded MPMC ring in shared memory (Vyukov-style, per-slot
+// sequence numbers) used for receive queues, shared receive queues and
+// completion queues of the shmrdma software RDMA device.
+//
+// ---------------------------------------------------------------------------
+// TRUST BOUNDARY
+// ---------------------------------------------------------------------------
+// Two kinds of memory are involved and they are trusted very differently:
+//
+//   * RingShared and the slot array live in a shared memory segment that is
+//     mapped by several processes. Any of those processes may be buggy,
+//     hostile or may have crashed half-way through an operation, so EVERY
+//     byte there is UNTRUSTED: the indices, the sequence numbers and the
+//     payloads.
+//   * Ring (the "view") lives in private memory. It holds the ring geometry
+//     (capacity, mask, stride, pointers) copied from the caller's trusted,
+//     already validated description. Geometry is never read back from shared
+//     memory.
+//
+// Consequences, which every function below upholds:
+//   * every index read from shared memory is masked with the PRIVATE mask
+//     before it is used to address a slot, so no operation can touch memory
+//     outside the slot array, whatever a peer writes;
+//   * every loop is bounded (at most kMaxAttempts iterations); an operation
+//     that cannot make progress reports RingStatus::contended instead of
+//     spinning, so a peer cannot hang us by scribbling on the ring;
+//   * a corrupted sequence number or index can make operations fail (full,
+//     empty, contended) or hand out a slot whose payload is garbage or is
+//     being written concurrently by someone else. Callers must therefore
+//     treat payload bytes as untrusted input: copy them to private memory
+//     once (try_pop does this) and validate the copy, never re-read shared
+//     bytes after validating them.
+//
+// Persistent `contended` on an otherwise idle ring means the shared state is
+// corrupted; callers may choose to move the owning queue to an error state.
+//
+// ---------------------------------------------------------------------------
+// WHO MAY CALL WHAT
+// ---------------------------------------------------------------------------
+//   * Ring::format   - the OWNER of the segment only, before the ring is made
+//                      visible to anybody else (publication must go through a
+//                      synchronising mechanism: fd passing, a mutex, an
+//                      acquire/release flag in the segment header, ...).
+//   * Ring::attach   - any process, with geometry it obtained from a trusted
+//                      source (its own records or a validated handshake).
+//   * producer side  - try_reserve / publish / try_push: any number of
+//                      producers concurrently (MPMC-safe).
+//                      try_reserve_sp: only when the caller guarantees that it
+//                      is the ONLY producer at this moment (e.g. a receive
+//                      queue's owner holding its local post mutex). Must not
+//                      run concurrently with try_reserve/try_push.
+//   * consumer side  - try_claim / release / try_pop: any number of consumers
+//                      concurrently (e.g. peers taking receive WQEs).
+//                      try_claim_sc: only when the caller is the ONLY consumer
+//                      (e.g. the completion queue owner holding its poll lock).
+//                      Must not run concurrently with try_claim/try_pop.
+//   * peek_ready / size_approx / capacity - anybody, any time (advisory).
+//
+// A reserved slot must eventually be published, and a claimed slot released;
+// until then the ring stalls at that slot (this is what makes in-place,
+// zero-copy access possible). If a peer dies while holding a slot the ring
+// stays stalled at that position: recovery is the job of the queue layer.
+//
+// ---------------------------------------------------------------------------
+// ALGORITHM AND MEMORY ORDERING
+// ---------------------------------------------------------------------------
+// Positions are free-running u32 counters; slot index = pos & mask. Slot i's
+// `seq` encodes its state for the lap in which position `pos` maps to it:
+//     seq == pos                 -> free, a producer at `pos` may fill it
+//     seq == pos + 1             -> full, a consumer at `pos` may take it
+//     seq == pos + capacity      -> released, free for position pos+capacity
+// Distances are computed as int32 differences so u32 wrap-around (indices
+// crossing 2^32) is harmless as long as capacity is far below 2^31.
+//
+// The producer/consumer indices are only "ticket dispensers": exclusivity of
+// a slot comes from the atomicity of the CAS (or, in the single-side fast
+// paths, from the caller's exclusivity), and all data visibility is carried
+// by the per-slot `seq`. That is why every index operation is relaxed and
+// only `seq` uses acquire/release. The pairs are:
+//
+//   R1  publish():        seq.store(pos + 1, release)
+//       - makes the producer's payload writes visible to the consumer.
+//   A1  try_claim*():     seq.load(acquire)            pairs with R1
+//   R2  release():        seq.store(pos + capacity, release)
+//       - orders the consumer's payload reads before the next-lap producer's
+//         payload writes (no consumer can read a half-overwritten slot).
+//   A2  try_reserve*():   seq.load(acquire)            pairs with R2
+//                         (for the very first lap it pairs with whatever
+//                         mechanism published the formatted ring)
+//
+// Everything else is memory_order_relaxed, each with a comment saying why.
+// ---------------------------------------------------------------------------
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cassert>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <type_traits>
+
+namespace shmrdma {
+
+// Cache line size assumed for the shared layout. Fixed (not
+// std::hardware_destructive_interference_size) because the layout is an ABI
+// shared by separately compiled processes and must not depend on -mtune.
+inline constexpr std::size_t kRingCacheLine = 64;
+
+// Smallest power of two >= v, with total, documented behaviour at the edges:
+//   round_up_pow2(0)            == 1  (1 is the smallest power of two; a
+//                                      request for "nothing" still has to be
+//                                      clamped to a real capacity by the
+//                                      caller, see Ring::capacity_for)
+//   round_up_pow2(v > 2^31)     == 0  (no u32 power of two is >= v; 0 is
+//                                      never a valid capacity, so the error
+//                                      propagates instead of silently
+//                                      wrapping - std::bit_ceil would be UB)
+constexpr uint32_t round_up_pow2(uint32_t v) noexcept {
+  if (v <= 1) return 1;
+  if (v > (uint32_t{1} << 31)) return 0;
+  return std::bit_ceil(v);
+}
+
+// ---------------------------------------------------------------------------
+// Shared-memory layout (ABI between processes)
+// ---------------------------------------------------------------------------
+
+// Ring header in shared memory. The two indices are written by different
+// parties (producers vs consumers), so each gets its own cache line to avoid
+// false sharing between them.
+struct RingShared {
+  alignas(kRingCacheLine) std::atomic<uint32_t> producer_pos;
+  alignas(kRingCacheLine) std::atomic<uint32_t> consumer_pos;
+};
+
+// Start of every slot. `reserved` keeps the payload 8-byte aligned so WQEs /
+// CQEs containing u64 fields can be accessed in place.
+struct RingSlotHeader {
+  std::atomic<uint32_t> seq;
+  uint32_t reserved;
+};
+
+inline constexpr std::size_t kRingSlotHeaderBytes = sizeof(RingSlotHeader);
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "cross-process rings need lock-free atomics: a lock-based "
+              "std::atomic uses a process-local lock table, which does not "
+              "synchronise with other processes mapping the same memory");
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  alignof(std::atomic<uint32_t>) == alignof(uint32_t),
+              "std::atomic<uint32_t> must have the representation of a plain "
+              "uint32_t so every process agrees on the shared layout");
+static_assert(std::is_standard_layout_v<RingShared>,
+              "RingShared is a cross-process ABI: it must be standard-layout "
+              "so offsetof is meaningful and the layout is predictable");
+static_assert(std::is_trivially_destructible_v<RingShared>,
+              "shared memory is unmapped, never destroyed: RingShared must "
+              "not need a destructor");
+static_assert(alignof(RingShared) == kRingCacheLine,
+              "RingShared must be cache-line aligned so its index lines are "
+              "not shared with neighbouring data");
+static_assert(offsetof(RingShared, producer_pos) == 0,
+              "shared ABI: producer index is at offset 0");
+static_assert(offsetof(RingShared, consumer_pos) == kRingCacheLine,
+              "shared ABI: consumer index must be on its own cache line "
+              "(no false sharing between producers and consumers)");
+static_assert(sizeof(RingShared) == 2 * kRingCacheLine,
+              "shared ABI: RingShared is exactly two cache lines, so slots "
+              "placed right after it stay cache-line aligned");
+static_assert(std::is_standard_layout_v<RingSlotHeader>,
+              "RingSlotHeader is a cross-process ABI and must be "
+              "standard-layout");
+static_assert(std::is_trivially_destructible_v<RingSlotHeader>,
+              "slot headers live in shared memory and are never destroyed");
+static_assert(offsetof(RingSlotHeader, seq) == 0,
+              "shared ABI: every slot begins with its sequence number");
+static_assert(sizeof(RingSlotHeader) == 8 && alignof(RingSlotHeader) == 4,
+              "shared ABI: slot header is 8 bytes, payload starts at offset "
+              "8 and is therefore 8-byte aligned");
+
+// ---------------------------------------------------------------------------
+// Results
+// ---------------------------------------------------------------------------
+
+enum class RingStatus : uint8_t {
+  ok,
+  full,       // producer side: the next slot is not yet released
+  empty,      // consumer side: the next slot is not yet published
+  contended,  // gave up after kMaxAttempts (heavy contention or corruption)
+  invalid,    // bad argument (e.g. length larger than the payload)
+};
+
+// A reserved (producer) or claimed (consumer) slot. `payload` points into
+// shared memory and has Ring::payload_size() bytes; `pos` is the ring
+// position and is what publish()/release() need.
+struct RingHandle {
+  std::byte* payload = nullptr;
+  uint32_t pos = 0;
+};
+
+struct [[nodiscard]] RingResult {
+  RingStatus status = RingStatus::invalid;
+  RingHandle handle{};
+  constexpr explicit operator bool() const noexcept {
+    return status == RingStatus::ok;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Private view
+// ---------------------------------------------------------------------------
+
+class Ring {
+ public:
+  // Capacity 1 is not supported: with a single slot "published for pos"
+  // (seq == pos+1) and "free for pos+1" (seq == pos+1) are indistinguishable.
+  static constexpr uint32_t kMinCapacity = 2;
+  // Keeps the signed distance arithmetic far from ambiguity (needs
+  // capacity < 2^31) and bounds a ring's shared footprint.
+  static constexpr uint32_t kMaxCapacity = uint32_t{1} << 24;
+  // Slot stride: any multiple of 64 in [kMinStride, kMaxStride]; it need NOT
+  // be a power of two (slot address is computed by multiplication).
+  static constexpr uint32_t kMinStride = kRingCacheLine;
+  static constexpr uint32_t kMaxStride = uint32_t{1} << 16;
+  // Upper bound on loop iterations of a single try_* call.
+  static constexpr unsigned kMaxAttempts = 128;
+
+  static constexpr bool valid_geometry(uint32_t capacity,
+                                       uint32_t stride) noexcept {
+    return capacity >= kMinCapacity && capacity <= kMaxCapacity &&
+           std::has_single_bit(capacity) && stride >= kMinStride &&
+           stride <= kMaxStride && stride % kRingCacheLine == 0;
+  }
+
+  // Capacity to use for a request of `requested` entries: rounded up to a
+  // power of two and at least kMinCapacity; 0 if it would exceed kMaxCapacity.
+  static constexpr uint32_t capacity_for(uint32_t requested) noexcept {
+    const uint32_t c = round_up_pow2(requested < kMinCapacity ? kMinCapacity
+                                                              : requested);
+    return (c == 0 || c > kMaxCapacity) ? 0 : c;
+  }
+
+  // Bytes of the slot array alone (for slots placed anywhere); 0 if the
+  // geometry is invalid. Cannot overflow: <= 2^24 * 2^16 = 2^40.
+  static constexpr std::size_t slot_bytes_for(uint32_t capacity,
+                                              uint32_t stride) noexcept {
+    static_assert(sizeof(std::size_t) >= 8 ||
+                      uint64_t{kMaxCapacity} * kMaxStride <=
+                          std::numeric_limits<std::size_t>::max(),
+                  "slot array size must be representable in size_t");
+    if (!valid_geometry(capacity, stride)) return 0;
+    return std::size_t{capacity} * std::size_t{stride};
+  }
+
+  // Bytes for the contiguous layout [RingShared][slots...] (see slots_after);
+  // 0 if the geometry is invalid.
+  static constexpr std::size_t bytes_for(uint32_t capacity,
+                                         uint32_t stride) noexcept {
+    const std::size_t s = slot_bytes_for(capacity, stride);
+    return s == 0 ? 0 : sizeof(RingShared) + s;
+  }
+
+  // Slot array location in the contiguous layout.
+  static std::byte* slots_after(RingShared* shared) noexcept {
+    return reinterpret_cast<std::byte*>(shared) + sizeof(RingShared);
+  }
+
+  // Initialise a new ring. OWNER ONLY, before the ring is visible to anyone
+  // else. `shared` and `slots` must be 64-byte aligned and `slots` must
+  // provide slot_bytes_for(capacity, stride) bytes. `initial_pos` lets tests
+  // start the free-running indices anywhere (e.g. just below 2^32); normal
+  // users leave it at 0. Returns nullopt on invalid arguments.
+  static std::optional<Ring> format(RingShared* shared, void* slots,
+                                    uint32_t capacity, uint32_t stride,
+                                    uint32_t initial_pos = 0) noexcept {
+    if (!valid_arguments(shared, slots, capacity, stride)) return std::nullopt;
+    Ring r(shared, slots, capacity, stride);
+    // Relaxed: nobody else can see the ring yet; the caller's publication
+    // mechanism provides the happens-before edge towards other parties.
+    std::construct_at(shared);
+    shared->producer_pos.store(initial_pos, std::memory_order_relaxed);
+    shared->consumer_pos.store(initial_pos, std::memory_order_relaxed);
+    // Position initial_pos + k (k < capacity) is the first-lap position of
+    // slot (initial_pos + k) & mask, and "free for pos" means seq == pos.
+    for (uint32_t k = 0; k < capacity; ++k) {
+      const uint32_t pos = initial_pos + k;
+      RingSlotHeader* h = std::construct_at(
+          reinterpret_cast<RingSlotHeader*>(r.slot_addr(pos)));
+      h->seq.store(pos, std::memory_order_relaxed);  // see above
+    }
+    return r;
+  }
+
+  // View of an existing ring. Geometry comes from the caller's TRUSTED
+  // private records, never from shared memory. Only cheap sanity checks are
+  // done here; returns nullopt if they fail.
+  static std::optional<Ring> attach(RingShared* shared, void* slots,
+                                    uint32_t capacity,
+                                    uint32_t stride) noexcept {
+    if (!valid_arguments(shared, slots, capacity, stride)) return std::nullopt;
+    return Ring(shared, slots, capacity, stride);
+  }
+
+  // A detached view; only assignment and attached() are meaningful on it.
+  Ring() noexcept = default;
+
+  bool attached() const noexcept { return shared_ != nullptr; }
+  uint32_t capacity() const noexcept { return capacity_; }
+  uint32_t stride() const noexcept { return stride_; }
+  std::size_t payload_size() const noexcept {
+    return stride_ - kRingSlotHeaderBytes;
+  }
+
+  // ---------------------------------------------------------------- producer
+
+  // Reserve the next slot for writing (MPMC-safe). On success write up to
+  // payload_size() bytes at handle.payload, then publish(handle).
+  RingResult try_reserve() noexcept {
+    assert(attached());
+    // Relaxed: the index is only a hint of where to look; whether the slot
+    // is really free is decided by its seq (A2) and the CAS below.
+    uint32_t pos = shared_->producer_pos.load(std::memory_order_relaxed);
+    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      RingSlotHeader* h = header(pos);
+      // A2 pairs with R2: the previous lap's consumer has finished reading
+      // before we may overwrite the payload.
+      const uint32_t seq = h->seq.load(std::memory_order_acquire);
+      const int32_t dist = distance(seq, pos);
+      if (dist == 0) {
+        // Relaxed (success and failure): the CAS only hands out the ticket;
+        // RMW atomicity makes it unique, data ordering is carried by seq.
+        // On failure `pos` is refreshed with the current index.
+        if (shared_->producer_pos.compare_exchange_weak(
+                pos, pos + 1, std::memory_order_relaxed,
+                std::memory_order_relaxed)) {
+          return {RingStatus::ok, handle(pos)};
+        }
+      } else if (dist < 0) {
+        // The slot still holds an item of the previous lap.
+        return {RingStatus::full, {}};
+      } else {
+        // Another producer already took `pos`; catch up. Relaxed: hint only.
+        pos = shared_->producer_pos.load(std::memory_order_relaxed);
+      }
+    }
+    return {RingStatus::contended, {}};
+  }
+
+  // Single-producer fast path: no CAS. The caller guarantees no other
+  // producer (of either kind) runs concurrently on this ring.
+  RingResult try_reserve_sp() noexcept {
+    assert(attached());
+    // Relaxed: we are the only writer of producer_pos, so coherence gives us
+    // our own last store (or whatever an earlier, externally synchronised
+    // producer stored).
+    const uint32_t pos = shared_->producer_pos.load(std::memory_order_relaxed);
+    RingSlotHeader* h = header(pos);
+    // A2 pairs with R2 (see try_reserve).
+    const uint32_t seq = h->seq.load(std::memory_order_acquire);
+    const int32_t dist = distance(seq, pos);
+    if (dist == 0) {
+      // Relaxed: consumers never read producer_pos for correctness (only
+      // size_approx does, advisorily); publication is via seq (R1).
+      shared_->producer_pos.store(pos + 1, std::memory_order_relaxed);
+      return {RingStatus::ok, handle(pos)};
+    }
+    if (dist < 0) return {RingStatus::full, {}};
+    // Slot is ahead of the only producer: exclusivity was violated or the
+    // shared state is corrupted. Report it like unresolvable contention.
+    return {RingStatus::contended, {}};
+  }
+
+  // Make a reserved slot visible to consumers.
+  void publish(RingHandle h) noexcept {
+    assert(attached());
+    // R1: payload writes happen-before a consumer's A1 that reads pos + 1.
+    header(h.pos)->seq.store(h.pos + 1, std::memory_order_release);
+  }
+
+  // Copy `len` bytes into the next slot (MPMC-safe).
+  RingStatus try_push(const void* src, std::size_t len) noexcept {
+    if (len > payload_size() || (src == nullptr && len != 0))
+      return RingStatus::invalid;
+    const RingResult r = try_reserve();
+    if (!r) return r.status;
+    if (len != 0) std::memcpy(r.handle.payload, src, len);
+    publish(r.handle);
+    return RingStatus::ok;
+  }
+
+  // ---------------------------------------------------------------- consumer
+
+  // Claim the next published slot (MPMC-safe). On success read the payload
+  // at handle.payload (untrusted bytes!), then release(handle).
+  RingResult try_claim() noexcept {
+    assert(attached());
+    // Relaxed: hint only, decided by seq (A1) and the CAS.
+    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      RingSlotHeader* h = header(pos);
+      // A1 pairs with R1: the producer's payload writes are visible.
+      const uint32_t seq = h->seq.load(std::memory_order_acquire);
+      const int32_t dist = distance(seq, pos + 1);
+      if (dist == 0) {
+        // Relaxed: ticket only (see try_reserve).
+        if (shared_->consumer_pos.compare_exchange_weak(
+                pos, pos + 1, std::memory_order_relaxed,
+                std::memory_order_relaxed)) {
+          return {RingStatus::ok, handle(pos)};
+        }
+      } else if (dist < 0) {
+        // Not yet published for this lap.
+        return {RingStatus::empty, {}};
+      } else {
+        // Another consumer already took `pos`. Relaxed: hint only.
+        pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+      }
+    }
+    return {RingStatus::contended, {}};
+  }
+
+  // Single-consumer fast path: no CAS. The caller guarantees no other
+  // consumer (of either kind) runs concurrently on this ring.
+  RingResult try_claim_sc() noexcept {
+    assert(attached());
+    // Relaxed: sole writer of consumer_pos (see try_reserve_sp).
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    RingSlotHeader* h = header(pos);
+    // A1 pairs with R1 (see try_claim).
+    const uint32_t seq = h->seq.load(std::memory_order_acquire);
+    const int32_t dist = distance(seq, pos + 1);
+    if (dist == 0) {
+      // Relaxed: producers never read consumer_pos for correctness; the slot
+      // is handed back to them by seq (R2).
+      shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);
+      return {RingStatus::ok, handle(pos)};
+    }
+    if (dist < 0) return {RingStatus::empty, {}};
+    return {RingStatus::contended, {}};  // corrupted or exclusivity violated
+  }
+
+  // Give a claimed slot back to producers.
+  void release(RingHandle h) noexcept {
+    assert(attached());
+    // R2: our payload reads happen-before a next-lap producer's A2.
+    header(h.pos)->seq.store(h.pos + capacity_, std::memory_order_release);
+  }
+
+  // Copy `len` bytes out of the next slot into private memory (MPMC-safe).
+  RingStatus try_pop(void* dst, std::size_t len) noexcept {
+    if (len > payload_size() || (dst == nullptr && len != 0))
+      return RingStatus::invalid;
+    const RingResult r = try_claim();
+    if (!r) return r.status;
+    if (len != 0) std::memcpy(dst, r.handle.payload, len);
+    release(r.handle);
+    return RingStatus::ok;
+  }
+
+  // ---------------------------------------------------------------- advisory
+
+  // Whether the next slot is published, without claiming it. Advisory: by
+  // the time the caller acts, another consumer may have taken it.
+  bool peek_ready() const noexcept {
+    assert(attached());
+    // Relaxed (both): no payload is accessed on the strength of this answer;
+    // an actual claim re-checks seq with acquire (A1).
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    return header(pos)->seq.load(std::memory_order_relaxed) == pos + 1;
+  }
+
+  // Number of reserved-but-not-claimed positions, clamped to [0, capacity]
+  // (indices are untrusted and the two loads are not a snapshot).
+  uint32_t size_approx() const noexcept {
+    assert(attached());
+    // Relaxed: advisory value, no data is accessed because of it. Consumer
+    // first so that, in a healthy ring, the difference is rarely negative.
+    const uint32_t cons = shared_->consumer_pos.load(std::memory_order_relaxed);
+    const uint32_t prod = shared_->producer_pos.load(std::memory_order_relaxed);
+    const int32_t d = distance(prod, cons);
+    if (d <= 0) return 0;
+    return static_cast<uint32_t>(d) > capacity_ ? capacity_
+                                                : static_cast<uint32_t>(d);
+  }
+
+ private:
+  Ring(RingShared* shared, void* slots, uint32_t capacity,
+       uint32_t stride) noexcept
+      : shared_(shared),
+        slots_(static_cast<std::byte*>(slots)),
+        capacity_(capacity),
+        mask_(capacity - 1),
+        stride_(stride) {}
+
+  static bool valid_arguments(const RingShared* shared, const void* slots,
+                              uint32_t capacity, uint32_t stride) noexcept {
+    return shared != nullptr && slots != nullptr &&
+           reinterpret_cast<uintptr_t>(shared) % kRingCacheLine == 0 &&
+           reinterpret_cast<uintptr_t>(slots) % kRingCacheLine == 0 &&
+           valid_geometry(capacity, stride);
+  }
+
+  // Signed distance a - b on the u32 circle (two's complement conversion,
+  // well defined since C++20).
+  static constexpr int32_t distance(uint32_t a, uint32_t b) noexcept {
+    return static_cast<int32_t>(a - b);
+  }
+
+  // The only place a slot address is formed: the position (possibly read
+  // from untrusted memory) is masked with the PRIVATE mask, and multiplied
+  // by the PRIVATE stride, so the result is always inside the slot array.
+  std::byte* slot_addr(uint32_t pos) const noexcept {
+    return slots_ + std::size_t{pos & mask_} * stride_;
+  }
+  RingSlotHeader* header(uint32_t pos) const noexcept {
+    return reinterpret_cast<RingSlotHeader*>(slot_addr(pos));
+  }
+  RingHandle handle(uint32_t pos) const noexcept {
+    return {slot_addr(pos) + kRingSlotHeaderBytes, pos};
+  }
+
+  RingShared* shared_ = nullptr;
+  std::byte* slots_ = nullptr;
+  uint32_t capacity_ = 0;
+  uint32_t mask_ = 0;
+  uint32_t stride_ = 0;
+};
+
+}  // namespace shmrdma

@@ -1,0 +1,264 @@
+// The `shmrdma` command: device lifecycle (up, down), the environment that
+// makes the stock libibverbs load our plugin (env, run), and status.
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "context.h"
+#include "device_setup.h"
+#include "paths.h"
+#include "proc.h"
+#include "registry.h"
+#include "segment.h"
+
+namespace {
+
+using shmrdma::DevicePaths;
+
+constexpr const char* kPluginFile = "libshmrdma-rdmav34.so";
+
+std::string dirname_of(const std::string& p) {
+  auto pos = p.find_last_of('/');
+  return pos == std::string::npos ? "." : (pos == 0 ? "/" : p.substr(0, pos));
+}
+
+bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+
+// The plugin is found relative to this executable, so a private --prefix
+// install (or the build tree) works without configuration.
+std::string plugin_dir() {
+  if (const char* d = std::getenv("SHMRDMA_PROVIDER_DIR"); d && *d) return d;
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  std::string exe_dir = dirname_of(buf);
+  std::string build_tree = dirname_of(exe_dir) + "/providers/shmrdma";
+  if (exists(build_tree + "/" + kPluginFile)) return build_tree;
+  // <prefix>/<bindir>/shmrdma -> <prefix>/<plugin_subdir>
+  std::string prefix = exe_dir;
+  std::string bindir = SHMRDMA_BINDIR;
+  for (size_t i = 0; i <= bindir.size(); ++i)
+    if (i == bindir.size() || bindir[i] == '/') prefix = dirname_of(prefix);
+  return prefix + "/" + SHMRDMA_PLUGIN_SUBDIR;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Env {
+  std::vector<std::pair<std::string, std::string>> vars;
+};
+
+Env environment(const std::string& home) {
+  Env e;
+  std::string drivers = plugin_dir() + "/libshmrdma";
+  if (const char* old = std::getenv("RDMAV_DRIVERS"); old && *old) {
+    std::string o = old;
+    if (o.find(drivers) == std::string::npos) drivers += ":" + o;
+    else drivers = o;
+  }
+  e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", home + "/sys"}, {"RDMAV_DRIVERS", drivers}};
+  return e;
+}
+
+std::string comm_of(uint32_t pid) {
+  std::string s;
+  if (shmrdma::read_small_file("/proc/" + std::to_string(pid) + "/comm", &s) != 0) return "?";
+  return s;
+}
+
+const char* wq_state_name(uint32_t s) {
+  switch (s) {
+    case 0: return "RESET";
+    case 1: return "RDY";
+    case 2: return "ERR";
+    default: return "UNKNOWN";
+  }
+}
+
+int cmd_up(const std::string& home, const std::string& name, uint32_t ports) {
+  shmrdma::UpResult r;
+  std::string why;
+  int rc = shmrdma::device_up(home, name, ports, &r, &why);
+  if (rc) {
+    fmt::print(stderr, "shmrdma up: {}\n", why);
+    return 1;
+  }
+  DevicePaths p = shmrdma::device_paths(home, name);
+  shmrdma::Registry reg;
+  if (shmrdma::Registry::attach(p, &reg) == 0) {
+    const auto& d = reg.device();
+    fmt::print("{} {}: node GUID {}, {} port(s), LID", r.created ? "created" : "up", name,
+               shmrdma::guid_string(d.node_guid), d.num_ports);
+    for (uint32_t i = 0; i < d.num_ports; ++i) fmt::print(" {}", d.ports[i].lid);
+    fmt::print("\n");
+  }
+  if (r.reclaimed) fmt::print("reclaimed {} context(s) of dead processes\n", r.reclaimed);
+  if (!r.cdev_ready) {
+    fmt::print(stderr,
+               "shmrdma up: cannot create the device node {} (needs root once).\n"
+               "Run this once as root, then `shmrdma up` again:\n  sudo sh -c '{}'\n",
+               p.cdev, r.cdev_hint);
+    return 2;
+  }
+  return 0;
+}
+
+int cmd_down(const std::string& home, const std::string& name, bool force) {
+  std::string why;
+  if (int rc = shmrdma::device_down(home, name, force, &why); rc) {
+    fmt::print(stderr, "shmrdma down: {}\n", why);
+    return 1;
+  }
+  fmt::print("removed {}\n", name);
+  return 0;
+}
+
+int cmd_env(const std::string& home) {
+  for (const auto& [k, v] : environment(home).vars) fmt::print("export {}={}\n", k, shell_quote(v));
+  return 0;
+}
+
+int cmd_run(const std::string& home, std::vector<std::string> argv) {
+  if (argv.empty()) {
+    fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--] PROGRAM [ARGS...])\n");
+    return 2;
+  }
+  for (const auto& [k, v] : environment(home).vars) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  fmt::print(stderr, "shmrdma run: cannot run {}: {}\n", argv[0], std::strerror(errno));
+  return 127;
+}
+
+int cmd_status(const std::string& home, bool json) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& name : shmrdma::list_devices(home)) {
+    DevicePaths p = shmrdma::device_paths(home, name);
+    shmrdma::Registry reg;
+    nlohmann::json dj;
+    dj["name"] = name;
+    if (int rc = shmrdma::Registry::attach(p, &reg); rc) {
+      dj["error"] = std::strerror(rc);
+      out.push_back(dj);
+      continue;
+    }
+    const auto& d = reg.device();
+    dj["node_guid"] = shmrdma::guid_string(d.node_guid);
+    dj["device_node"] = p.cdev;
+    dj["ports"] = nlohmann::json::array();
+    for (uint32_t i = 0; i < d.num_ports; ++i)
+      dj["ports"].push_back({{"port", i + 1}, {"lid", d.ports[i].lid}, {"state", "ACTIVE"},
+                             {"gid0", "fe80::" + shmrdma::guid_string(d.ports[i].port_guid)}});
+    dj["processes"] = nlohmann::json::array();
+    for (const auto& c : reg.live_contexts()) {
+      nlohmann::json cj;
+      cj["pid"] = c.pid;
+      cj["command"] = comm_of(c.pid);
+      cj["context_slot"] = c.slot;
+      shmrdma::ContextObjects o;
+      if (int rc = shmrdma::inspect_context(p, c, &o); rc) {
+        cj["error"] = std::strerror(rc);
+      } else {
+        cj["objects"] = {{"pd", o.pds}, {"cq", o.cqs}, {"wq", o.wqs}, {"rwq_ind_table", o.ind_tables},
+                         {"qp", 0}, {"mr", 0}};
+        cj["wqs"] = nlohmann::json::array();
+        for (const auto& w : o.wq_list)
+          cj["wqs"].push_back({{"wq_num", w.wq_num}, {"state", wq_state_name(w.state)}, {"max_wr", w.capacity},
+                               {"max_sge", w.max_sge}});
+      }
+      dj["processes"].push_back(cj);
+    }
+    out.push_back(dj);
+  }
+  if (json) {
+    fmt::print("{}\n", nlohmann::json{{"home", home}, {"devices", out}}.dump(2));
+    return 0;
+  }
+  if (out.empty()) {
+    fmt::print("no shmrdma devices under {} (start one with: shmrdma up)\n", home);
+    return 0;
+  }
+  for (const auto& dj : out) {
+    if (dj.contains("error")) {
+      fmt::print("{}: unusable registry ({})\n", dj["name"].get<std::string>(), dj["error"].get<std::string>());
+      continue;
+    }
+    fmt::print("{}: node GUID {}, device node {}\n", dj["name"].get<std::string>(),
+               dj["node_guid"].get<std::string>(), dj["device_node"].get<std::string>());
+    for (const auto& pj : dj["ports"])
+      fmt::print("  port {}: {} LID {} GID[0] {}\n", pj["port"].get<int>(), pj["state"].get<std::string>(),
+                 pj["lid"].get<int>(), pj["gid0"].get<std::string>());
+    if (dj["processes"].empty()) fmt::print("  no open contexts\n");
+    for (const auto& cj : dj["processes"]) {
+      fmt::print("  pid {} ({})", cj["pid"].get<uint32_t>(), cj["command"].get<std::string>());
+      if (cj.contains("error")) {
+        fmt::print(": segment unreadable ({})\n", cj["error"].get<std::string>());
+        continue;
+      }
+      const auto& o = cj["objects"];
+      fmt::print(": {} PD, {} CQ, {} WQ, {} RWQ_IND_TABLE, {} QP, {} MR\n", o["pd"].get<int>(), o["cq"].get<int>(),
+                 o["wq"].get<int>(), o["rwq_ind_table"].get<int>(), o["qp"].get<int>(), o["mr"].get<int>());
+      for (const auto& w : cj["wqs"])
+        fmt::print("    WQ {:#x}: {} max_wr {} max_sge {}\n", w["wq_num"].get<uint32_t>(),
+                   w["state"].get<std::string>(), w["max_wr"].get<uint32_t>(), w["max_sge"].get<uint32_t>());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shmrdma: a software RDMA device in user space, over shared memory"};
+  app.require_subcommand(1);
+  std::string home = shmrdma::state_home();
+  app.add_option("--home", home, "state directory (default: $SHMRDMA_HOME, /run/shmrdma for root, "
+                                 "$XDG_RUNTIME_DIR/shmrdma otherwise)");
+
+  std::string name = "shm0";
+  uint32_t ports = 0;
+  bool force = false, json = false;
+  std::vector<std::string> program;
+
+  auto* up = app.add_subcommand("up", "create the device (idempotent) and reclaim what dead processes left");
+  up->add_option("--name", name, "device name")->capture_default_str();
+  up->add_option("--ports", ports, "number of ports (default 1)")->check(CLI::Range(1u, shmrdma::limits::kMaxPorts));
+  auto* down = app.add_subcommand("down", "remove a device");
+  down->add_option("--name", name, "device name")->capture_default_str();
+  down->add_flag("--force", force, "remove it even while processes use it");
+  auto* env = app.add_subcommand("env", "print export lines for eval, to use the devices from this shell");
+  auto* run = app.add_subcommand("run", "run PROGRAM with the environment that loads shmrdma");
+  run->add_option("program", program, "PROGRAM [ARGS...]")->required();
+  run->prefix_command();
+  auto* status = app.add_subcommand("status", "list devices, their processes and objects");
+  status->add_flag("--json", json, "machine-readable output");
+
+  CLI11_PARSE(app, argc, argv);
+  if (*up) return cmd_up(home, name, ports);
+  if (*down) return cmd_down(home, name, force);
+  if (*env) return cmd_env(home);
+  if (*run) {
+    std::vector<std::string> rest = run->remaining();
+    program.insert(program.end(), rest.begin(), rest.end());
+    if (!program.empty() && program[0] == "--") program.erase(program.begin());
+    return cmd_run(home, program);
+  }
+  if (*status) return cmd_status(home, json);
+  return 2;
+}
