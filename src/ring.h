@@ -241,8 +241,8 @@ class Ring {
   // Capacity to use for a request of `requested` entries: rounded up to a
   // power of two and at least kMinCapacity; 0 if it would exceed kMaxCapacity.
   static constexpr uint32_t capacity_for(uint32_t requested) noexcept {
-    const uint32_t c = round_up_pow2(requested < kMinCapacity ? kMinCapacity
-                                                              : requested);
+    const uint32_t c =
+        round_up_pow2(requested < kMinCapacity ? kMinCapacity : requested);
     return (c == 0 || c > kMaxCapacity) ? 0 : c;
   }
 
@@ -250,10 +250,6 @@ class Ring {
   // geometry is invalid. Cannot overflow: <= 2^24 * 2^16 = 2^40.
   static constexpr std::size_t slot_bytes_for(uint32_t capacity,
                                               uint32_t stride) noexcept {
-    static_assert(sizeof(std::size_t) >= 8 ||
-                      uint64_t{kMaxCapacity} * kMaxStride <=
-                          std::numeric_limits<std::size_t>::max(),
-                  "slot array size must be representable in size_t");
     if (!valid_geometry(capacity, stride)) return 0;
     return std::size_t{capacity} * std::size_t{stride};
   }
@@ -314,7 +310,7 @@ class Ring {
   uint32_t capacity() const noexcept { return capacity_; }
   uint32_t stride() const noexcept { return stride_; }
   std::size_t payload_size() const noexcept {
-    return stride_ - kRingSlotHeaderBytes;
+    return attached() ? stride_ - kRingSlotHeaderBytes : 0;
   }
 
   // ---------------------------------------------------------------- producer
@@ -531,5 +527,14 @@ class Ring {
   uint32_t mask_ = 0;
   uint32_t stride_ = 0;
 };
+
+static_assert(uint64_t{Ring::kMaxCapacity} * Ring::kMaxStride +
+                      sizeof(RingShared) <=
+                  std::numeric_limits<std::size_t>::max(),
+              "bytes_for() must not overflow size_t for any valid geometry");
+static_assert(Ring::kMaxCapacity < (uint32_t{1} << 30),
+              "the int32 distance between a position and a sequence number "
+              "spans up to 2*capacity; it must stay far from 2^31 to be "
+              "unambiguous across u32 wrap-around");
 
 }  // namespace shmrdma
