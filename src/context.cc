@@ -6,6 +6,8 @@
 #include <cstring>
 #include <new>
 
+#include "proc.h"
+
 namespace shmrdma {
 
 int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique_ptr<LocalContext>* out) noexcept {
@@ -27,6 +29,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->cqs_.resize(c->layout_.cq_slots);
     c->wqs_.resize(c->layout_.wq_slots);
     c->inds_.resize(c->layout_.ind_slots);
+    c->mrs_.resize(c->layout_.mr_slots);
+    c->qps_.resize(c->layout_.qp_slots);
   } catch (const std::bad_alloc&) {
     return ENOMEM;  // the destructor removes the segment and the slot
   }
@@ -41,10 +45,24 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   h->cq_table = c->layout_.cq_table;
   h->wq_table = c->layout_.wq_table;
   h->ind_table = c->layout_.ind_table;
+  h->mr_slots = c->layout_.mr_slots;
+  h->qp_slots = c->layout_.qp_slots;
+  h->srq_slots = c->layout_.srq_slots;
+  h->mr_table = c->layout_.mr_table;
+  h->qp_table = c->layout_.qp_table;
+  h->srq_table = c->layout_.srq_table;
   h->heap_offset = c->layout_.heap_offset;
   h->heap_size = c->layout_.heap_size;
   // Tables start zeroed (a new file reads as zeros): every entry is kFree.
   c->heap_.reset(c->layout_.heap_offset, c->layout_.heap_size);
+  c->self_peer_.slot = c->slot_;
+  c->self_peer_.generation = c->generation_;
+  c->self_peer_.pid = self_process().pid;
+  c->self_peer_.start_time = self_process().start_time;
+  c->self_peer_.self_process = true;
+  c->self_peer_.base = static_cast<char*>(c->map_.base());
+  c->self_peer_.size = c->map_.size();
+  c->self_peer_.layout = c->layout_;
   c->map_.publish();
   *out = std::move(c);
   return 0;
@@ -91,7 +109,9 @@ int inspect_context(const DevicePaths& paths, const ContextInfo& ctx, ContextObj
   layout::ContextLayout l = layout::compute_context_layout(m.size() - layout::compute_context_layout(0).total_size);
   if (h->pd_table != l.pd_table || h->cq_table != l.cq_table || h->wq_table != l.wq_table ||
       h->ind_table != l.ind_table || h->pd_slots != l.pd_slots || h->cq_slots != l.cq_slots ||
-      h->wq_slots != l.wq_slots || h->ind_slots != l.ind_slots || l.total_size != m.size() ||
+      h->wq_slots != l.wq_slots || h->ind_slots != l.ind_slots || h->mr_table != l.mr_table ||
+      h->qp_table != l.qp_table || h->srq_table != l.srq_table || h->mr_slots != l.mr_slots ||
+      h->qp_slots != l.qp_slots || h->srq_slots != l.srq_slots || l.total_size != m.size() ||
       h->hdr.owner_pid != ctx.pid)
     return EPROTO;
   ContextObjects o;

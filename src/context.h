@@ -16,6 +16,8 @@
 #include "heap.h"
 #include "layout.h"
 #include "paths.h"
+#include "peer.h"
+#include "qp.h"
 #include "registry.h"
 #include "ring.h"
 #include "segment.h"
@@ -48,6 +50,26 @@ struct WqInfo {
   uint32_t cq_index;
   Ring ring;
 };
+
+struct MrInfo {
+  uint32_t index;
+  uint32_t lkey;
+  uint32_t rkey;
+};
+
+// Access flags (ibv_access_flags values) the core checks.
+inline constexpr uint32_t kAccessLocalWrite = 1u << 0;
+inline constexpr uint32_t kAccessRemoteWrite = 1u << 1;
+inline constexpr uint32_t kAccessRemoteRead = 1u << 2;
+inline constexpr uint32_t kAccessRemoteAtomic = 1u << 3;
+inline constexpr uint32_t kAccessMwBind = 1u << 4;
+inline constexpr uint32_t kAccessZeroBased = 1u << 5;
+inline constexpr uint32_t kAccessOnDemand = 1u << 6;
+inline constexpr uint32_t kAccessHugetlb = 1u << 7;
+inline constexpr uint32_t kAccessOptionalFirst = 1u << 20;  // IBV_ACCESS_OPTIONAL_FIRST: ignorable hints
+inline constexpr uint32_t kRereg_ChangeTranslation = 1u << 0;
+inline constexpr uint32_t kRereg_ChangePd = 1u << 1;
+inline constexpr uint32_t kRereg_ChangeAccess = 1u << 2;
 
 struct SgeIn {
   uint64_t addr;
@@ -91,6 +113,31 @@ class LocalContext {
   int post_wq_recv(const WqInfo& wq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
   WqState wq_state(uint32_t index) const noexcept;
 
+  // Memory regions. addr/length: the bytes in this process; iova: the
+  // address the keys are valid for (== addr unless zero-based or reg_mr_iova).
+  int create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access, MrInfo* out) noexcept;
+  int rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
+               uint32_t access, MrInfo* out) noexcept;
+  int destroy_mr(uint32_t index) noexcept;
+  // Resolves a local SGE for the data path: the key must name a live MR of
+  // `pd` with `need` access covering [addr, addr+len). Returns the host
+  // address or nullptr. Reads only private state.
+  const void* resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) const noexcept;
+
+  // Queue pairs (RC today). create_qp hands back the allocated caps.
+  int create_qp(const QpCreateArgs& args, Qp** out) noexcept;
+  int modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) noexcept;
+  void query_qp(Qp* qp, QpAttr* attr) noexcept;
+  int destroy_qp(Qp* qp) noexcept;
+  // Post verbs: 0, EINVAL (state, SGE count, opcode...), ENOMEM (full).
+  int post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+  // Queues one send WR; progress() then executes what is queued.
+  int enqueue_send(Qp* qp, const SendWr& wr) noexcept;
+  void progress(Qp* qp) noexcept;
+  // Progress for every QP with queued work, and flushes of QPs a peer moved
+  // to the error state. Called by poll_cq; cheap when there is nothing to do.
+  void progress_all() noexcept;
+
   // Receive WQ indirection tables (RSS).
   int create_ind_table(uint32_t log_size, const uint32_t* wq_indices, uint32_t* index, uint32_t* ind_tbl_num) noexcept;
   int destroy_ind_table(uint32_t index) noexcept;
@@ -107,6 +154,11 @@ class LocalContext {
     uint64_t ring_off = 0, ring_bytes = 0;
     WqInfo info{};
   };
+  struct MrState {
+    bool live = false;
+    uint32_t pd = 0, lkey = 0, rkey = 0, access = 0;
+    uint64_t addr = 0, length = 0, iova = 0;
+  };
   struct IndState { bool live = false; std::vector<uint32_t> wqs; uint64_t list_off = 0, list_bytes = 0; };
 
   layout::ContextHeader* header() const noexcept { return static_cast<layout::ContextHeader*>(map_.base()); }
@@ -120,6 +172,15 @@ class LocalContext {
   void flush_wq(const WqInfo& wq) noexcept;
   bool push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept;
 
+  // transport.cc
+  enum class Exec { kDone, kWait, kError };
+  Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
+  void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
+  void enter_error(Qp* qp) noexcept;
+  void flush_qp(Qp* qp) noexcept;
+  bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept;
+  int qp_charge_and_slot(uint32_t* index) noexcept;
+
   mutable std::mutex mu_;
   Registry registry_;
   Mapping map_;
@@ -130,6 +191,13 @@ class LocalContext {
   std::vector<CqState> cqs_;
   std::vector<WqState_> wqs_;
   std::vector<IndState> inds_;
+  std::vector<MrState> mrs_;
+  std::vector<std::unique_ptr<Qp>> qps_;
+  std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
+  uint32_t attention_seen_ = 0;
+  PeerCache peers_;
+  Peer self_peer_;
+  uint32_t mr_hint_ = 0;  // where the search for a free MR slot starts
 };
 
 // Read-only view of another context's segment, for `shmrdma status`.

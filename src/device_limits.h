@@ -31,6 +31,8 @@ inline constexpr uint32_t kMaxQpWr = 16384;       // max_qp_wr, also WQ/SRQ max_
 inline constexpr uint32_t kMaxSge = 32;           // max_sge (send and receive)
 inline constexpr uint32_t kMaxCqe = 1u << 20;     // max_cqe (power of two)
 inline constexpr uint32_t kMaxSrqWr = kMaxQpWr;
+inline constexpr uint32_t kMaxQpRdAtom = 16;   // max_qp_rd_atom / max_qp_init_rd_atom
+inline constexpr uint32_t kMaxInlineData = 512;  // bytes copied into the WQE at post time
 inline constexpr uint32_t kMaxSrqSge = kMaxSge;
 
 // RSS: indirection tables of 2^0 .. 2^kMaxLogIndTblSize WQs.

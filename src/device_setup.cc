@@ -95,7 +95,24 @@ struct Writer {
   }
 };
 
+// Entries of class/infiniband_verbs naming this device under another node
+// name (left by an older layout) would make libibverbs list it twice.
+void remove_stale_uverbs(const DevicePaths& p) {
+  std::string dir = p.sysfs_root + "/class/infiniband_verbs";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.' || p.uverbs_name == e->d_name) continue;
+    std::string ibdev;
+    if (read_small_file(dir + "/" + e->d_name + "/ibdev", &ibdev) == 0 && ibdev == p.name) stale.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const auto& s : stale) remove_tree(dir + "/" + s);
+}
+
 int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string* why) {
+  remove_stale_uverbs(p);
   Writer w;
   w.dir(p.uverbs_dir);
   w.file(p.sysfs_root + "/class/infiniband_verbs/abi_version", "6");

@@ -23,10 +23,11 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
+inline constexpr uint32_t kAtomicStripes = 64;
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "cross-process atomics must not fall back to a process-local lock");
@@ -106,10 +107,15 @@ struct RegistrySegment {
   // Control-path lock (process-shared, robust: a holder that dies is
   // detected with EOWNERDEAD). Never taken on a data path.
   alignas(kCacheLine) pthread_mutex_t lock;
-  alignas(kCacheLine) std::atomic<uint32_t> next_qpn;  // QPN/WQN allocator, masked to 24 bits
+  alignas(kCacheLine) std::atomic<uint32_t> next_qpn;  // unused since QPNs encode their location
   uint32_t reserved2;
   DeviceRecord device;
   alignas(kCacheLine) ContextSlot contexts[limits::kMaxContexts];
+  // RDMA atomics that cannot use a CPU atomic on mapped memory serialise on
+  // one of these (chosen by target process and address), which makes them
+  // atomic with respect to every other RDMA atomic on the device
+  // (IBV_ATOMIC_HCA). Robust and process-shared like `lock`.
+  alignas(kCacheLine) pthread_mutex_t atomic_locks[kAtomicStripes];
 };
 static_assert(std::is_standard_layout_v<RegistrySegment>);
 static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
@@ -164,13 +170,98 @@ struct IndTableEntry {
 };
 static_assert(sizeof(IndTableEntry) == 24);
 
+// A memory region. Keys: bits 31..16 the table index, bits 15..0 a random
+// tag in [0, 0xfffe] (never 0xffff, so key+1 always changes the tag and
+// fails the check). lkey and rkey have independent tags.
+struct MrEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t lkey;
+  uint32_t rkey;
+  uint32_t pd_index;
+  uint32_t access;     // ibv_access_flags
+  uint64_t iova;       // address the keys are valid for (hca_va)
+  uint64_t length;
+  uint64_t host_addr;  // where the bytes are in the owner's address space
+};
+static_assert(sizeof(MrEntry) == 48);
+
+inline constexpr uint32_t key_index(uint32_t key) { return key >> 16; }
+
+// A queue pair, as peers see it. The owner writes everything but
+// `qp_state` (which a peer may move to ERR when it detects a fatal error on
+// the responder side, as hardware would) and `initiator_waiting`.
+struct QpEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t qpn;
+  uint32_t qp_type;                  // ibv_qp_type
+  std::atomic<uint32_t> qp_state;    // ibv_qp_state
+  uint32_t pd_index;
+  uint32_t send_cq;
+  uint32_t recv_cq;
+  uint32_t srq_index;                // kNoIndex without an SRQ
+  uint32_t rq_capacity;              // 0 with an SRQ
+  uint32_t rq_max_sge;
+  uint32_t rq_stride;
+  uint64_t rq_ring_offset;
+  uint64_t rq_ring_bytes;
+  // Connection, valid from RTR on (written before qp_state with release).
+  uint32_t dest_qpn;
+  uint32_t access;                   // qp_access_flags: what remote peers may do
+  uint16_t dlid;
+  uint8_t port;
+  uint8_t min_rnr_timer;
+  uint32_t qkey;
+  // Set by an initiator whose sends to this QP wait for a receive (RNR);
+  // the owner's post_recv wakes it.
+  std::atomic<uint32_t> initiator_waiting;
+  uint32_t reserved;
+};
+static_assert(sizeof(QpEntry) == 88);
+
+struct SrqEntry {
+  std::atomic<uint32_t> state;
+  uint32_t generation;
+  uint32_t srq_num;
+  uint32_t pd_index;
+  uint32_t capacity;
+  uint32_t max_sge;
+  uint32_t slot_stride;
+  std::atomic<uint32_t> limit;  // SRQ limit; 0 when not armed
+  uint64_t ring_offset;
+  uint64_t ring_bytes;
+};
+static_assert(sizeof(SrqEntry) == 48);
+
+inline constexpr uint32_t kNoIndex = 0xffffffff;
+
+// QP and WQ numbers say where the object lives, so a peer finds a QP from
+// its number alone: bits 23..16 context slot, 15..4 table index, 3 kind,
+// 2..0 low bits of the entry's generation (a stale number rarely matches).
+enum QpnKind : uint32_t { kQpnQp = 0, kQpnWq = 1 };
+inline constexpr uint32_t make_qpn(uint32_t slot, uint32_t index, QpnKind kind, uint32_t gen) {
+  return ((slot & 0xff) << 16) | ((index & 0xfff) << 4) | (uint32_t{kind} << 3) | (gen & 7);
+}
+inline constexpr uint32_t qpn_slot(uint32_t qpn) { return (qpn >> 16) & 0xff; }
+inline constexpr uint32_t qpn_index(uint32_t qpn) { return (qpn >> 4) & 0xfff; }
+inline constexpr QpnKind qpn_kind(uint32_t qpn) { return static_cast<QpnKind>((qpn >> 3) & 1); }
+static_assert(limits::kMaxContexts <= 256 && limits::kMaxQp <= 4096 && limits::kMaxWq <= 4096,
+              "QPNs have 8 bits of context slot and 12 bits of table index");
+
 struct ContextHeader {
   SegmentHeader hdr;
   uint32_t slot_index;      // index of this context in the registry
   uint32_t slot_generation;
   uint32_t pd_slots, cq_slots, wq_slots, ind_slots;
   uint64_t pd_table, cq_table, wq_table, ind_table;  // offsets from the segment start
+  uint32_t mr_slots, qp_slots, srq_slots, reserved;
+  uint64_t mr_table, qp_table, srq_table;
   uint64_t heap_offset, heap_size;
+  // Bumped (release) by a peer that moved one of our QPs to the error state;
+  // the owner's next poll notices (acquire) and flushes that QP's queues.
+  std::atomic<uint32_t> attention;
+  uint32_t reserved2;
 };
 static_assert(std::is_standard_layout_v<ContextHeader>);
 
@@ -179,6 +270,8 @@ static_assert(std::is_standard_layout_v<ContextHeader>);
 struct ContextLayout {
   uint64_t pd_table, cq_table, wq_table, ind_table;
   uint32_t pd_slots, cq_slots, wq_slots, ind_slots;
+  uint64_t mr_table, qp_table, srq_table;
+  uint32_t mr_slots, qp_slots, srq_slots;
   uint64_t heap_offset, heap_size, total_size;
 };
 
@@ -190,6 +283,9 @@ inline constexpr ContextLayout compute_context_layout(uint64_t heap_size) {
   l.cq_slots = limits::kCtxCqSlots;
   l.wq_slots = limits::kCtxWqSlots;
   l.ind_slots = limits::kCtxIndTableSlots;
+  l.mr_slots = limits::kMaxMr;
+  l.qp_slots = limits::kMaxQp;
+  l.srq_slots = limits::kMaxSrq;
   uint64_t off = align_up(sizeof(ContextHeader), kPageSize);
   l.pd_table = off;
   off = align_up(off + sizeof(PdEntry) * l.pd_slots, kCacheLine);
@@ -198,7 +294,13 @@ inline constexpr ContextLayout compute_context_layout(uint64_t heap_size) {
   l.wq_table = off;
   off = align_up(off + sizeof(WqEntry) * l.wq_slots, kCacheLine);
   l.ind_table = off;
-  off = align_up(off + sizeof(IndTableEntry) * l.ind_slots, kPageSize);
+  off = align_up(off + sizeof(IndTableEntry) * l.ind_slots, kCacheLine);
+  l.mr_table = off;
+  off = align_up(off + sizeof(MrEntry) * l.mr_slots, kCacheLine);
+  l.qp_table = off;
+  off = align_up(off + sizeof(QpEntry) * l.qp_slots, kCacheLine);
+  l.srq_table = off;
+  off = align_up(off + sizeof(SrqEntry) * l.srq_slots, kPageSize);
   l.heap_offset = off;
   l.heap_size = align_up(heap_size, kPageSize);
   l.total_size = l.heap_offset + l.heap_size;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 namespace shmrdma {
@@ -18,7 +19,14 @@ DevicePaths device_paths(const std::string& home, const std::string& name) {
   p.home = home;
   p.name = name;
   p.sysfs_root = home + "/sys";
-  p.uverbs_name = "shmrdma_" + name;
+  // The device node lives in the machine-wide /dev/infiniband: its name
+  // carries a hash of the home so devices of different homes (users, test
+  // runs) never share or remove each other's node.
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : home) h = (h ^ c) * 16777619u;
+  char tag[16];
+  std::snprintf(tag, sizeof tag, "%08x", h);
+  p.uverbs_name = "shmrdma_" + name + "_" + tag;
   p.uverbs_dir = p.sysfs_root + "/class/infiniband_verbs/" + p.uverbs_name;
   p.ibdev_dir = p.sysfs_root + "/class/infiniband/" + name;
   p.device_dir = home + "/devices/" + name;

@@ -3,7 +3,7 @@
 //   <home>/sys/...                 the sysfs tree libibverbs reads (SYSFS_PATH)
 //   <home>/devices/<name>/registry the device's registry segment
 //   <home>/devices/<name>/ctx-*    one segment per open verbs context
-// and the character device node is /dev/infiniband/shmrdma_<name>.
+// and the character device node is /dev/infiniband/shmrdma_<name>_<hash of home>.
 #pragma once
 
 #include <string>
@@ -18,7 +18,7 @@ struct DevicePaths {
   std::string home;
   std::string name;          // ibdev name, e.g. "shm0"
   std::string sysfs_root;    // <home>/sys
-  std::string uverbs_name;   // shmrdma_<name>: sysfs class/infiniband_verbs entry
+  std::string uverbs_name;   // shmrdma_<name>_<hash>: sysfs class/infiniband_verbs entry
   std::string uverbs_dir;    // <sysfs_root>/class/infiniband_verbs/<uverbs_name>
   std::string ibdev_dir;     // <sysfs_root>/class/infiniband/<name>
   std::string device_dir;    // <home>/devices/<name>

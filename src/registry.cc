@@ -56,6 +56,7 @@ int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& devic
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
   pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
   rc = pthread_mutex_init(&s->lock, &attr);
+  for (uint32_t i = 0; i < layout::kAtomicStripes && rc == 0; ++i) rc = pthread_mutex_init(&s->atomic_locks[i], &attr);
   pthread_mutexattr_destroy(&attr);
   if (rc) {
     ::unlink(paths.registry.c_str());
@@ -186,6 +187,33 @@ uint32_t Registry::alloc_qpn() noexcept {
     uint32_t n = seg()->next_qpn.fetch_add(1, std::memory_order_relaxed) & limits::kQpnMask;
     if (n >= limits::kFirstQpn) return n;
   }
+}
+
+int Registry::lock_atomic(uint32_t stripe) noexcept {
+  pthread_mutex_t* m = &seg()->atomic_locks[stripe % layout::kAtomicStripes];
+  timespec deadline{};
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += kLockTimeoutSeconds;
+  int rc = pthread_mutex_timedlock(m, &deadline);
+  if (rc == EOWNERDEAD) {
+    // The holder died between reading and writing an 8-byte value: its
+    // operation never completed, the value is whole either way.
+    pthread_mutex_consistent(m);
+    rc = 0;
+  }
+  return rc;
+}
+
+void Registry::unlock_atomic(uint32_t stripe) noexcept {
+  pthread_mutex_unlock(&seg()->atomic_locks[stripe % layout::kAtomicStripes]);
+}
+
+bool Registry::context_slot(uint32_t slot, ContextInfo* out) noexcept {
+  if (slot >= limits::kMaxContexts) return false;
+  const ContextSlot& s = seg()->contexts[slot];
+  if (s.state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
+  copy_slot(s, slot, out);
+  return out->pid != 0;
 }
 
 int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {

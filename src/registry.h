@@ -49,6 +49,15 @@ class Registry {
   int charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, uint32_t limit) noexcept;
   void uncharge(uint32_t slot, uint32_t generation, layout::ObjKind kind) noexcept;
 
+  // Serialises RDMA atomics (see RegistrySegment::atomic_locks). 0 or errno.
+  int lock_atomic(uint32_t stripe) noexcept;
+  void unlock_atomic(uint32_t stripe) noexcept;
+
+  // Lock-free read of one context slot (for finding a peer); false when the
+  // slot is free. The copy may be torn if the slot is being reused: callers
+  // verify the generation against the peer's segment header.
+  bool context_slot(uint32_t slot, ContextInfo* out) noexcept;
+
   // Next QP/WQ number (24 bits, never 0 or 1).
   uint32_t alloc_qpn() noexcept;
 

@@ -55,9 +55,9 @@ int LocalContext::create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t 
     heap_free(off, bytes);
     return rc;
   }
-  uint32_t wq_num = registry_.alloc_qpn();
   auto* e = table<layout::WqEntry>(layout_.wq_table) + i;
   e->generation += 1;
+  uint32_t wq_num = layout::make_qpn(slot_, i, layout::kQpnWq, e->generation);
   e->wq_num = wq_num;
   e->wq_type = 0;  // IBV_WQT_RQ
   e->wq_state.store(static_cast<uint32_t>(WqState::kReset), std::memory_order_relaxed);
@@ -103,11 +103,16 @@ int LocalContext::modify_wq(uint32_t index, uint32_t attr_mask, WqState curr, Wq
     if (next > WqState::kErr || !transition_allowed(now, next)) return EINVAL;
     WqInfo info = wqs_[index].info;
     if (next == WqState::kReset && now != WqState::kReset) {
-      // Back to RESET discards whatever is posted, as on hardware; the ring
-      // is re-formatted so producer and consumer start again from zero.
+      // Back to RESET discards whatever is posted, as on hardware. The ring
+      // is drained rather than re-formatted: a peer that claimed a slot just
+      // before the state change still releases it into the same lap.
       e->wq_state.store(static_cast<uint32_t>(WqState::kReset), std::memory_order_release);
-      auto* rs = map_.at<RingShared>(wqs_[index].ring_off);
-      (void)Ring::format(rs, Ring::slots_after(rs), info.capacity, info.ring.stride());
+      Ring ring = info.ring;
+      for (uint32_t n = 0; n < info.capacity; ++n) {
+        RingResult r = ring.try_claim();
+        if (!r) break;
+        ring.release(r.handle);
+      }
     } else {
       e->wq_state.store(static_cast<uint32_t>(next), std::memory_order_release);
     }

@@ -243,22 +243,37 @@ int main(int argc, char** argv) {
   down->add_option("--name", name, "device name")->capture_default_str();
   down->add_flag("--force", force, "remove it even while processes use it");
   auto* env = app.add_subcommand("env", "print export lines for eval, to use the devices from this shell");
-  auto* run = app.add_subcommand("run", "run PROGRAM with the environment that loads shmrdma");
-  run->add_option("program", program, "PROGRAM [ARGS...]")->required();
-  run->prefix_command();
+  auto* run = app.add_subcommand("run", "run PROGRAM [ARGS...] with the environment that loads shmrdma");
   auto* status = app.add_subcommand("status", "list devices, their processes and objects");
   status->add_flag("--json", json, "machine-readable output");
 
-  CLI11_PARSE(app, argc, argv);
+  // `run` takes the rest of the command line verbatim (options included), so
+  // it is split off before CLI11 sees it.
+  int cli_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--home") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--home=", 0) == 0) continue;
+    if (a == "run") {
+      cli_argc = i + 1;
+      int first = i + 1;
+      if (first < argc && std::string(argv[first]) == "--") ++first;
+      for (int k = first; k < argc; ++k) program.emplace_back(argv[k]);
+    }
+    break;
+  }
+  try {
+    app.parse(cli_argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   if (*up) return cmd_up(home, name, ports);
   if (*down) return cmd_down(home, name, force);
   if (*env) return cmd_env(home);
-  if (*run) {
-    std::vector<std::string> rest = run->remaining();
-    program.insert(program.end(), rest.begin(), rest.end());
-    if (!program.empty() && program[0] == "--") program.erase(program.begin());
-    return cmd_run(home, program);
-  }
+  if (*run) return cmd_run(home, program);
   if (*status) return cmd_status(home, json);
   return 2;
 }

@@ -49,6 +49,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   Cq* cq = to_cq(ibcq);
   constexpr int kBatch = 16;
   layout::Cqe buf[kBatch];
+  to_ctx(ibcq->context)->core->progress_all();  // queued sends waiting for a receiver, peers' error reports
   std::lock_guard lk(cq->poll_lock);
   int done = 0;
   while (done < num_entries) {

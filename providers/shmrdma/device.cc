@@ -40,7 +40,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   o.max_res_rd_atom = 16 * limits::kMaxQp;
   o.max_qp_init_rd_atom = 16;
   o.max_ee_init_rd_atom = 0;
-  o.atomic_cap = IBV_ATOMIC_NONE;
+  o.atomic_cap = IBV_ATOMIC_HCA;  // atomic with respect to every other RDMA atomic on the device
   o.max_ee = 0;
   o.max_rdd = 0;
   o.max_mw = 0;

@@ -35,6 +35,16 @@ struct Wq {
   WqInfo info;
 };
 
+struct Mr {
+  verbs_mr vmr;
+  MrInfo info;
+};
+
+struct QpObj {
+  verbs_qp vqp;
+  Qp* core;
+};
+
 struct IndTable {
   ibv_rwq_ind_table ibv;
   uint32_t index;
@@ -46,6 +56,8 @@ inline Context* to_ctx(ibv_context* c) noexcept {
 inline Pd* to_pd(ibv_pd* p) noexcept { return reinterpret_cast<Pd*>(p); }
 inline Cq* to_cq(ibv_cq* c) noexcept { return reinterpret_cast<Cq*>(c); }
 inline Wq* to_wq(ibv_wq* w) noexcept { return reinterpret_cast<Wq*>(w); }
+inline Mr* to_mr(verbs_mr* m) noexcept { return reinterpret_cast<Mr*>(m); }
+inline QpObj* to_qp(ibv_qp* q) noexcept { return reinterpret_cast<QpObj*>(q); }
 inline IndTable* to_ind(ibv_rwq_ind_table* t) noexcept { return reinterpret_cast<IndTable*>(t); }
 
 // device.cc
@@ -58,6 +70,20 @@ int dealloc_pd(ibv_pd*) noexcept;
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
+// mr.cc
+ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
+int dereg_mr(verbs_mr*) noexcept;
+int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
+// qp.cc
+using ops_fn_post_send = int (*)(ibv_qp*, ibv_send_wr*, ibv_send_wr**);
+using ops_fn_post_recv = int (*)(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**);
+ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
+ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;
+int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
+int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
+int destroy_qp(ibv_qp*) noexcept;
+ops_fn_post_send post_send_op() noexcept;
+ops_fn_post_recv post_recv_op() noexcept;
 // wq.cc
 ibv_wq* create_wq(ibv_context*, ibv_wq_init_attr*) noexcept;
 int modify_wq(ibv_wq*, ibv_wq_attr*) noexcept;

@@ -1,0 +1,268 @@
+// Queue pairs: create/modify/query/destroy and the post verbs.
+#include <endian.h>
+#include <pthread.h>
+
+#include <cerrno>
+#include <new>
+
+#include "provider.h"
+
+namespace shmrdma::provider {
+
+namespace {
+
+QpAttr to_core(const ibv_qp_attr& a) {
+  QpAttr c;
+  c.qp_state = a.qp_state;
+  c.cur_qp_state = a.cur_qp_state;
+  c.path_mtu = a.path_mtu;
+  c.path_mig_state = a.path_mig_state;
+  c.qkey = a.qkey;
+  c.rq_psn = a.rq_psn;
+  c.sq_psn = a.sq_psn;
+  c.dest_qp_num = a.dest_qp_num;
+  c.qp_access_flags = static_cast<uint32_t>(a.qp_access_flags);
+  c.pkey_index = a.pkey_index;
+  c.dlid = a.ah_attr.dlid;
+  c.sl = a.ah_attr.sl;
+  c.src_path_bits = a.ah_attr.src_path_bits;
+  c.static_rate = a.ah_attr.static_rate;
+  c.is_global = a.ah_attr.is_global;
+  c.ah_port_num = a.ah_attr.port_num;
+  c.grh = a.ah_attr.grh;
+  c.en_sqd_async_notify = a.en_sqd_async_notify;
+  c.sq_draining = a.sq_draining;
+  c.max_rd_atomic = a.max_rd_atomic;
+  c.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  c.min_rnr_timer = a.min_rnr_timer;
+  c.port_num = a.port_num;
+  c.timeout = a.timeout;
+  c.retry_cnt = a.retry_cnt;
+  c.rnr_retry = a.rnr_retry;
+  return c;
+}
+
+void from_core(const QpAttr& c, const QpCaps& caps, ibv_qp_attr* a) {
+  *a = ibv_qp_attr{};
+  a->qp_state = static_cast<ibv_qp_state>(c.qp_state);
+  a->cur_qp_state = static_cast<ibv_qp_state>(c.cur_qp_state);
+  a->path_mtu = static_cast<ibv_mtu>(c.path_mtu ? c.path_mtu : uint32_t{IBV_MTU_4096});
+  a->path_mig_state = static_cast<ibv_mig_state>(c.path_mig_state);
+  a->qkey = c.qkey;
+  a->rq_psn = c.rq_psn;
+  a->sq_psn = c.sq_psn;
+  a->dest_qp_num = c.dest_qp_num;
+  a->qp_access_flags = static_cast<unsigned>(c.qp_access_flags);
+  a->cap.max_send_wr = caps.max_send_wr;
+  a->cap.max_recv_wr = caps.max_recv_wr;
+  a->cap.max_send_sge = caps.max_send_sge;
+  a->cap.max_recv_sge = caps.max_recv_sge;
+  a->cap.max_inline_data = caps.max_inline_data;
+  a->ah_attr.dlid = c.dlid;
+  a->ah_attr.sl = c.sl;
+  a->ah_attr.src_path_bits = c.src_path_bits;
+  a->ah_attr.static_rate = c.static_rate;
+  a->ah_attr.is_global = c.is_global;
+  a->ah_attr.port_num = c.ah_port_num;
+  a->ah_attr.grh = c.grh;
+  a->pkey_index = c.pkey_index;
+  a->en_sqd_async_notify = c.en_sqd_async_notify;
+  a->sq_draining = c.sq_draining;
+  a->max_rd_atomic = c.max_rd_atomic;
+  a->max_dest_rd_atomic = c.max_dest_rd_atomic;
+  a->min_rnr_timer = c.min_rnr_timer;
+  a->port_num = c.port_num;
+  a->timeout = c.timeout;
+  a->retry_cnt = c.retry_cnt;
+  a->rnr_retry = c.rnr_retry;
+}
+
+int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  QpObj* qp = to_qp(ibqp);
+  LocalContext* core = to_ctx(ibqp->context)->core;
+  int rc = 0;
+  for (; wr; wr = wr->next) {
+    SendWr w;
+    w.wr_id = wr->wr_id;
+    w.opcode = wr->opcode;
+    w.send_flags = wr->send_flags;
+    w.imm_data = wr->imm_data;
+    if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      w.remote_addr = wr->wr.atomic.remote_addr;
+      w.rkey = wr->wr.atomic.rkey;
+      w.compare_add = wr->wr.atomic.compare_add;
+      w.swap = wr->wr.atomic.swap;
+    } else {
+      w.remote_addr = wr->wr.rdma.remote_addr;
+      w.rkey = wr->wr.rdma.rkey;
+    }
+    if (wr->num_sge < 0) {
+      rc = EINVAL;
+    } else {
+      w.num_sge = static_cast<uint32_t>(wr->num_sge);
+      w.sg_list = wr->sg_list;
+      rc = core->enqueue_send(qp->core, w);
+    }
+    if (rc) {
+      if (bad_wr) *bad_wr = wr;
+      break;
+    }
+  }
+  core->progress(qp->core);
+  return rc;
+}
+
+int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+  QpObj* qp = to_qp(ibqp);
+  LocalContext* core = to_ctx(ibqp->context)->core;
+  SgeIn sges[limits::kMaxSge];
+  for (; wr; wr = wr->next) {
+    int rc = 0;
+    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > limits::kMaxSge || (wr->num_sge && !wr->sg_list)) {
+      rc = EINVAL;
+    } else {
+      for (int k = 0; k < wr->num_sge; ++k)
+        sges[k] = SgeIn{wr->sg_list[k].addr, wr->sg_list[k].length, wr->sg_list[k].lkey};
+      rc = core->post_recv(qp->core, wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge));
+    }
+    if (rc) {
+      if (bad_wr) *bad_wr = wr;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, void* qp_context) noexcept {
+  if (!pd || !attr.send_cq || !attr.recv_cq || pd->context != ibctx || attr.send_cq->context != ibctx ||
+      attr.recv_cq->context != ibctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr.srq) {
+    errno = EOPNOTSUPP;  // shared receive queues come next
+    return nullptr;
+  }
+  QpCreateArgs a;
+  a.qp_type = attr.qp_type;
+  a.pd = to_pd(pd)->index;
+  a.send_cq = to_cq(attr.send_cq)->info.index;
+  a.recv_cq = to_cq(attr.recv_cq)->info.index;
+  a.sq_sig_all = attr.sq_sig_all != 0;
+  a.caps.max_send_wr = attr.cap.max_send_wr;
+  a.caps.max_recv_wr = attr.cap.max_recv_wr;
+  a.caps.max_send_sge = attr.cap.max_send_sge;
+  a.caps.max_recv_sge = attr.cap.max_recv_sge;
+  a.caps.max_inline_data = attr.cap.max_inline_data;
+  auto* qp = new (std::nothrow) QpObj{};
+  if (!qp) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  if (int rc = to_ctx(ibctx)->core->create_qp(a, &qp->core)) {
+    delete qp;
+    errno = rc;
+    return nullptr;
+  }
+  ibv_qp& q = qp->vqp.qp;
+  q.context = ibctx;
+  q.qp_context = qp_context;
+  q.pd = pd;
+  q.send_cq = attr.send_cq;
+  q.recv_cq = attr.recv_cq;
+  q.srq = attr.srq;
+  q.handle = qp->core->index;
+  q.qp_num = qp->core->qpn;
+  q.state = IBV_QPS_RESET;
+  q.qp_type = attr.qp_type;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  q.events_completed = 0;
+  return &q;
+}
+
+void write_caps(const QpCaps& c, ibv_qp_cap* cap) {
+  cap->max_send_wr = c.max_send_wr;
+  cap->max_recv_wr = c.max_recv_wr;
+  cap->max_send_sge = c.max_send_sge;
+  cap->max_recv_sge = c.max_recv_sge;
+  cap->max_inline_data = c.max_inline_data;
+}
+
+}  // namespace
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) noexcept {
+  if (!attr || !pd) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_qp* q = create(pd->context, pd, *attr, attr->qp_context);
+  if (q) write_caps(to_qp(q)->core->caps, &attr->cap);
+  return q;
+}
+
+ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
+  if (!attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_PD}) {
+    errno = EOPNOTSUPP;  // XRC domains, create flags, RSS and the ibv_qp_ex send API come later
+    return nullptr;
+  }
+  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_qp_init_attr a{};
+  a.qp_context = attr->qp_context;
+  a.send_cq = attr->send_cq;
+  a.recv_cq = attr->recv_cq;
+  a.srq = attr->srq;
+  a.cap = attr->cap;
+  a.qp_type = attr->qp_type;
+  a.sq_sig_all = attr->sq_sig_all;
+  ibv_qp* q = create(ibctx, attr->pd, a, attr->qp_context);
+  if (q) write_caps(to_qp(q)->core->caps, &attr->cap);
+  return q;
+}
+
+int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
+  if (!attr || attr_mask < 0) return EINVAL;
+  QpObj* qp = to_qp(ibqp);
+  int rc = to_ctx(ibqp->context)->core->modify_qp(qp->core, to_core(*attr), static_cast<uint32_t>(attr_mask));
+  if (rc == 0 && (attr_mask & IBV_QP_STATE)) ibqp->state = attr->qp_state;
+  return rc;
+}
+
+int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) noexcept {
+  if (!attr) return EINVAL;
+  QpObj* qp = to_qp(ibqp);
+  QpAttr c;
+  to_ctx(ibqp->context)->core->query_qp(qp->core, &c);
+  from_core(c, qp->core->caps, attr);
+  if (init_attr) {
+    *init_attr = ibv_qp_init_attr{};
+    init_attr->qp_context = ibqp->qp_context;
+    init_attr->send_cq = ibqp->send_cq;
+    init_attr->recv_cq = ibqp->recv_cq;
+    init_attr->srq = ibqp->srq;
+    write_caps(qp->core->caps, &init_attr->cap);
+    init_attr->qp_type = ibqp->qp_type;
+    init_attr->sq_sig_all = qp->core->sq_sig_all;
+  }
+  ibqp->state = attr->qp_state;
+  return 0;
+}
+
+int destroy_qp(ibv_qp* ibqp) noexcept {
+  QpObj* qp = to_qp(ibqp);
+  if (int rc = to_ctx(ibqp->context)->core->destroy_qp(qp->core)) return rc;
+  delete qp;
+  return 0;
+}
+
+ops_fn_post_send post_send_op() noexcept { return post_send; }
+ops_fn_post_recv post_recv_op() noexcept { return post_recv; }
+
+}  // namespace shmrdma::provider

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds, and runs the unit,
+# integration, stress and system tests; then the same core and provider tests
+# under ASan+UBSan and under TSan. Run from the repository root as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+
+run_suite() {
+  local dir="$1"; shift
+  if [ -d "$dir" ]; then
+    meson setup "$dir" --reconfigure "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+  ninja -C "$dir"
+  meson test -C "$dir" --print-errorlogs --num-processes 2
+}
+
+echo "== build and test (debugoptimized)"
+run_suite build-test
+echo "== ASan+UBSan"
+run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false
+echo "== TSan"
+run_suite build-tsan -Db_sanitize=thread -Db_lundef=false
+# One plain closing line over every suite that ran.
+python3 - build-test build-asan build-tsan <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for d in sys.argv[1:]:
+    try:
+        lines = open(f"{d}/meson-logs/testlog.json").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        r = json.loads(line).get("result")
+        if r in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif r == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+sys.exit(1 if failed else 0)
+PY

@@ -1,0 +1,94 @@
+#include "mover.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace shmrdma {
+
+namespace {
+
+constexpr size_t kMaxIov = 64;  // 2 * max_sge, far below IOV_MAX
+
+size_t total(const IoVec* v, size_t n) {
+  size_t t = 0;
+  for (size_t i = 0; i < n; ++i) t += v[i].len;
+  return t;
+}
+
+// memcpy between two iovec lists of equal total length.
+void copy_lists(const IoVec* dst, size_t nd, const IoVec* src, size_t ns) {
+  size_t di = 0, doff = 0, si = 0, soff = 0;
+  while (di < nd && si < ns) {
+    size_t n = std::min(dst[di].len - doff, src[si].len - soff);
+    if (n) std::memmove(static_cast<char*>(dst[di].base) + doff, static_cast<const char*>(src[si].base) + soff, n);
+    doff += n;
+    soff += n;
+    if (doff == dst[di].len) ++di, doff = 0;
+    if (soff == src[si].len) ++si, soff = 0;
+  }
+}
+
+int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote) {
+  if (nlocal > kMaxIov || nremote > kMaxIov) return EINVAL;
+  iovec l[kMaxIov], r[kMaxIov];
+  size_t want = 0;
+  for (size_t i = 0; i < nlocal; ++i) l[i] = {local[i].base, local[i].len}, want += local[i].len;
+  for (size_t i = 0; i < nremote; ++i) r[i] = {remote[i].base, remote[i].len};
+  if (want == 0) return 0;
+  ssize_t n = write ? ::process_vm_writev(pid, l, nlocal, r, nremote, 0) : ::process_vm_readv(pid, l, nlocal, r, nremote, 0);
+  if (n < 0) return errno;
+  // A partial transfer means an address past the first failing one is not
+  // mapped in the other process.
+  return static_cast<size_t>(n) == want ? 0 : EFAULT;
+}
+
+}  // namespace
+
+int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote,
+             bool last_byte_last) noexcept {
+  size_t len = total(local, nlocal);
+  if (len != total(remote, nremote)) return EINVAL;
+  if (len == 0) return 0;
+  if (!last_byte_last || len == 1) {
+    if (same_process) {
+      copy_lists(remote, nremote, local, nlocal);
+      return 0;
+    }
+    return cma(true, pid, local, nlocal, remote, nremote);
+  }
+  // Split off the final byte of both lists.
+  IoVec l[kMaxIov], r[kMaxIov];
+  if (nlocal > kMaxIov || nremote > kMaxIov) return EINVAL;
+  std::memcpy(l, local, nlocal * sizeof(IoVec));
+  std::memcpy(r, remote, nremote * sizeof(IoVec));
+  size_t nl = nlocal, nr = nremote;
+  while (nl && l[nl - 1].len == 0) --nl;
+  while (nr && r[nr - 1].len == 0) --nr;
+  IoVec ltail{static_cast<char*>(l[nl - 1].base) + l[nl - 1].len - 1, 1};
+  IoVec rtail{static_cast<char*>(r[nr - 1].base) + r[nr - 1].len - 1, 1};
+  l[nl - 1].len -= 1;
+  r[nr - 1].len -= 1;
+  if (same_process) {
+    copy_lists(r, nr, l, nl);
+    // Release: every byte above is visible before the last one to a reader
+    // that sees the last one (with acquire, or any load on x86).
+    std::atomic_ref<char>(*static_cast<char*>(rtail.base))
+        .store(*static_cast<const char*>(ltail.base), std::memory_order_release);
+    return 0;
+  }
+  if (int rc = cma(true, pid, l, nl, r, nr)) return rc;
+  return cma(true, pid, &ltail, 1, &rtail, 1);
+}
+
+int move_in(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote,
+            size_t nremote) noexcept {
+  if (total(local, nlocal) != total(remote, nremote)) return EINVAL;
+  if (same_process) {
+    copy_lists(local, nlocal, remote, nremote);
+    return 0;
+  }
+  return cma(false, pid, local, nlocal, remote, nremote);
+}
+
+}  // namespace shmrdma

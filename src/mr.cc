@@ -1,0 +1,164 @@
+// Memory regions. The owner keeps the authoritative copy in private memory
+// (local SGEs are checked against it); the shared MrEntry lets peers check
+// rkeys and find the bytes for remote access.
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "context.h"
+
+namespace shmrdma {
+
+namespace {
+
+constexpr uint32_t kKnownAccess = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic |
+                                  kAccessMwBind | kAccessZeroBased | kAccessOnDemand | kAccessHugetlb;
+constexpr uint64_t kMaxMrSize = uint64_t{1} << 40;
+
+uint16_t random_tag() {
+  uint16_t t = 0;
+  if (::getrandom(&t, sizeof t, 0) != sizeof t) t = static_cast<uint16_t>(::getpid() ^ reinterpret_cast<uintptr_t>(&t));
+  return t == 0xffff ? 0x7fff : t;  // 0xffff would let key+1 carry into the index
+}
+
+int check_access(uint32_t access) {
+  uint32_t mandatory = access & (kAccessOptionalFirst - 1);
+  if (mandatory & ~kKnownAccess) return EINVAL;
+  if ((access & (kAccessRemoteWrite | kAccessRemoteAtomic)) && !(access & kAccessLocalWrite)) return EINVAL;
+  if (access & kAccessOnDemand) return EOPNOTSUPP;  // no on-demand paging (odp_caps are 0)
+  return 0;
+}
+
+// Registration pins nothing here, but the range must be mapped now, as an
+// HCA's registration would fail with EFAULT on unmapped memory.
+int check_mapped(uint64_t addr, uint64_t length) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t start = addr & ~(page - 1);
+  uint64_t end = (addr + length + page - 1) & ~(page - 1);
+  std::vector<unsigned char> vec;
+  constexpr uint64_t kChunkPages = 1u << 16;
+  try {
+    vec.resize(kChunkPages);
+  } catch (...) {
+    return ENOMEM;
+  }
+  for (uint64_t p = start; p < end; p += kChunkPages * page) {
+    uint64_t n = std::min<uint64_t>(end - p, kChunkPages * page);
+    if (::mincore(reinterpret_cast<void*>(p), n, vec.data()) != 0) return errno == ENOMEM ? EFAULT : errno;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access,
+                            MrInfo* out) noexcept {
+  if (int rc = check_access(access)) return rc;
+  if (length == 0 || length > kMaxMrSize || addr + length < addr || iova + length < iova) return EINVAL;
+  if (addr == 0) return EFAULT;
+  if (int rc = check_mapped(addr, length)) return rc;
+  std::lock_guard lk(mu_);
+  if (pd >= pds_.size() || !pds_[pd].live) return EINVAL;
+  uint32_t n = static_cast<uint32_t>(mrs_.size());
+  uint32_t i = mr_hint_ % n, tries = 0;
+  while (tries < n && mrs_[i].live) {
+    i = (i + 1) % n;
+    ++tries;
+  }
+  if (tries == n) return ENOMEM;
+  if (int rc = charge(layout::kObjMr, limits::kMaxMr)) return rc;
+  mr_hint_ = i + 1;
+  MrState& s = mrs_[i];
+  s.live = true;
+  s.pd = pd;
+  s.access = access;
+  s.addr = addr;
+  s.length = length;
+  s.iova = iova;
+  s.lkey = (i << 16) | random_tag();
+  s.rkey = (i << 16) | random_tag();
+  auto* e = table<layout::MrEntry>(layout_.mr_table) + i;
+  e->generation += 1;
+  e->lkey = s.lkey;
+  e->rkey = s.rkey;
+  e->pd_index = pd;
+  e->access = access;
+  e->iova = iova;
+  e->length = length;
+  e->host_addr = addr;
+  e->state.store(layout::kLive, std::memory_order_release);  // R1
+  pds_[pd].refs += 1;
+  *out = MrInfo{i, s.lkey, s.rkey};
+  return 0;
+}
+
+int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t addr, uint64_t length,
+                           uint64_t iova, uint32_t access, MrInfo* out) noexcept {
+  if (flags == 0 || (flags & ~(kRereg_ChangeTranslation | kRereg_ChangePd | kRereg_ChangeAccess))) return EINVAL;
+  std::lock_guard lk(mu_);
+  if (index >= mrs_.size() || !mrs_[index].live) return EINVAL;
+  MrState next = mrs_[index];
+  if (flags & kRereg_ChangeAccess) {
+    if (int rc = check_access(access)) return rc;
+    next.access = access;
+  }
+  if (flags & kRereg_ChangePd) {
+    if (pd >= pds_.size() || !pds_[pd].live) return EINVAL;
+    next.pd = pd;
+  }
+  if (flags & kRereg_ChangeTranslation) {
+    if (length == 0 || length > kMaxMrSize || addr + length < addr || addr == 0) return EINVAL;
+    if (int rc = check_mapped(addr, length)) return rc;
+    next.addr = addr;
+    next.length = length;
+    next.iova = iova;
+  }
+  // New keys: a peer holding the old rkey must no longer reach this memory.
+  next.lkey = (index << 16) | random_tag();
+  next.rkey = (index << 16) | random_tag();
+  auto* e = table<layout::MrEntry>(layout_.mr_table) + index;
+  // Unpublish while the entry changes, so a peer never sees a half-written one.
+  e->state.store(layout::kFree, std::memory_order_release);
+  e->generation += 1;
+  e->lkey = next.lkey;
+  e->rkey = next.rkey;
+  e->pd_index = next.pd;
+  e->access = next.access;
+  e->iova = next.iova;
+  e->length = next.length;
+  e->host_addr = next.addr;
+  e->state.store(layout::kLive, std::memory_order_release);  // R1
+  if (next.pd != mrs_[index].pd) {
+    pds_[mrs_[index].pd].refs -= 1;
+    pds_[next.pd].refs += 1;
+  }
+  mrs_[index] = next;
+  *out = MrInfo{index, next.lkey, next.rkey};
+  return 0;
+}
+
+int LocalContext::destroy_mr(uint32_t index) noexcept {
+  std::lock_guard lk(mu_);
+  if (index >= mrs_.size() || !mrs_[index].live) return EINVAL;
+  table<layout::MrEntry>(layout_.mr_table)[index].state.store(layout::kFree, std::memory_order_release);
+  if (pds_[mrs_[index].pd].refs) pds_[mrs_[index].pd].refs -= 1;
+  mrs_[index] = MrState{};
+  uncharge(layout::kObjMr);
+  return 0;
+}
+
+const void* LocalContext::resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len,
+                                        uint32_t need) const noexcept {
+  uint32_t i = layout::key_index(lkey);
+  if (i >= mrs_.size()) return nullptr;
+  const MrState& s = mrs_[i];
+  if (!s.live || s.lkey != lkey || s.pd != pd || (s.access & need) != need) return nullptr;
+  if (addr < s.iova || len > s.length || addr - s.iova > s.length - len) return nullptr;
+  return reinterpret_cast<const void*>(s.addr + (addr - s.iova));
+}
+
+}  // namespace shmrdma

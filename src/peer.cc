@@ -1,0 +1,66 @@
+#include "peer.h"
+
+#include <cerrno>
+
+#include "proc.h"
+
+namespace shmrdma {
+
+bool Peer::ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out) const noexcept {
+  if (!Ring::valid_geometry(capacity, stride) || bytes != Ring::bytes_for(capacity, stride)) return false;
+  if (offset < layout.heap_offset || offset % kRingCacheLine != 0 || offset > size || bytes > size - offset)
+    return false;
+  auto* rs = reinterpret_cast<RingShared*>(base + offset);
+  auto r = Ring::attach(rs, Ring::slots_after(rs), capacity, stride);
+  if (!r) return false;
+  *out = *r;
+  return true;
+}
+
+bool Peer::alive() const noexcept { return process_alive(pid, start_time); }
+
+std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Peer& self) noexcept {
+  ContextInfo info;
+  if (!registry.context_slot(slot, &info)) return nullptr;
+  try {
+    std::lock_guard lk(mu_);
+    auto it = peers_.find(slot);
+    if (it != peers_.end() && it->second->generation == info.generation && it->second->pid == static_cast<pid_t>(info.pid))
+      return it->second;
+    auto p = std::make_shared<Peer>();
+    p->slot = slot;
+    p->generation = info.generation;
+    p->pid = static_cast<pid_t>(info.pid);
+    p->start_time = info.start_time;
+    if (slot == self.slot && info.generation == self.generation) {
+      p->self_process = true;
+      p->base = self.base;
+      p->size = self.size;
+      p->layout = self.layout;
+    } else {
+      if (info.segment.rfind("ctx-", 0) != 0 || info.segment.find('/') != std::string::npos) return nullptr;
+      int rc = Mapping::attach(registry.paths().device_dir + "/" + info.segment, layout::SegmentKind::kContext, 0,
+                               &p->map);
+      if (rc) return nullptr;
+      auto* h = static_cast<layout::ContextHeader*>(p->map.base());
+      // Geometry is recomputed from the size; the header must agree.
+      uint64_t heap = p->map.size() - layout::compute_context_layout(0).total_size;
+      layout::ContextLayout l = layout::compute_context_layout(heap);
+      if (l.total_size != p->map.size() || h->qp_table != l.qp_table || h->cq_table != l.cq_table ||
+          h->mr_table != l.mr_table || h->srq_table != l.srq_table || h->slot_index != slot ||
+          h->slot_generation != info.generation || h->hdr.owner_pid != info.pid ||
+          h->hdr.owner_start_time != info.start_time)
+        return nullptr;
+      p->self_process = p->pid == self_process().pid;
+      p->base = static_cast<char*>(p->map.base());
+      p->size = p->map.size();
+      p->layout = l;
+    }
+    peers_[slot] = p;
+    return p;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace shmrdma

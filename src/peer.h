@@ -1,0 +1,71 @@
+// Peers: other contexts on the same device whose segments this context maps
+// to consume their receive queues and produce into their completion queues.
+//
+// Everything read through a Peer is untrusted: geometry is recomputed
+// privately, every table index is bounds-checked, every ring is validated
+// against the segment before it is attached.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "layout.h"
+#include "registry.h"
+#include "ring.h"
+#include "segment.h"
+
+namespace shmrdma {
+
+struct Peer {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  pid_t pid = 0;
+  uint64_t start_time = 0;
+  bool self_process = false;  // the peer lives in this process: plain memcpy
+  Mapping map;                // empty when the peer is this very context
+  char* base = nullptr;       // segment base (ours or the mapping's)
+  uint64_t size = 0;
+  layout::ContextLayout layout{};
+
+  template <typename T>
+  T* entry(uint64_t table, uint32_t index, uint32_t slots) const noexcept {
+    if (index >= slots) return nullptr;
+    return reinterpret_cast<T*>(base + table) + index;
+  }
+  layout::QpEntry* qp(uint32_t index) const noexcept {
+    return entry<layout::QpEntry>(layout.qp_table, index, layout.qp_slots);
+  }
+  layout::CqEntry* cq(uint32_t index) const noexcept {
+    return entry<layout::CqEntry>(layout.cq_table, index, layout.cq_slots);
+  }
+  layout::MrEntry* mr(uint32_t index) const noexcept {
+    return entry<layout::MrEntry>(layout.mr_table, index, layout.mr_slots);
+  }
+  layout::SrqEntry* srq(uint32_t index) const noexcept {
+    return entry<layout::SrqEntry>(layout.srq_table, index, layout.srq_slots);
+  }
+  // A ring described by untrusted values: attached only when the geometry
+  // is valid and the whole ring lies inside this segment's heap.
+  bool ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out) const noexcept;
+  // Still the same process that we mapped (pid + start time)?
+  bool alive() const noexcept;
+};
+
+class PeerCache {
+ public:
+  // Finds (maps on first use) the context in registry slot `slot`. `self`
+  // describes this context so that a QP connected to its own context needs
+  // no second mapping. Returns nullptr when the slot is free, the segment
+  // does not validate, or the process is gone.
+  std::shared_ptr<Peer> get(Registry& registry, uint32_t slot, const Peer& self) noexcept;
+
+ private:
+  std::mutex mu_;
+  std::map<uint32_t, std::shared_ptr<Peer>> peers_;
+};
+
+}  // namespace shmrdma

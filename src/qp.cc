@@ -1,0 +1,175 @@
+// Queue pairs: creation, destruction, receive posting, query.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "context.h"
+
+namespace shmrdma {
+
+namespace {
+
+uint32_t recv_stride(uint32_t max_sge) {
+  return static_cast<uint32_t>(layout::align_up(
+      kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader) + uint64_t{max_sge} * sizeof(layout::WireSge),
+      layout::kCacheLine));
+}
+
+}  // namespace
+
+int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
+  if (a.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC, UD and XRC come later
+  const QpCaps& c = a.caps;
+  if (c.max_send_wr > limits::kMaxQpWr || c.max_recv_wr > limits::kMaxQpWr || c.max_send_sge > limits::kMaxSge ||
+      c.max_recv_sge > limits::kMaxSge || c.max_inline_data > limits::kMaxInlineData)
+    return EINVAL;
+  bool has_srq = a.srq != layout::kNoIndex;
+  if (has_srq && (c.max_recv_wr || c.max_recv_sge)) {
+    // The man page: with an SRQ the receive caps are ignored. Accept them.
+  }
+  std::unique_ptr<Qp> qp(new (std::nothrow) Qp());
+  if (!qp) return ENOMEM;
+  // Send queue: at least one WQE, rounded up to a power of two.
+  QpCaps got;
+  got.max_send_wr = round_up_pow2(std::max<uint32_t>(c.max_send_wr, 1));
+  got.max_send_sge = round_up_pow2(std::max<uint32_t>(c.max_send_sge, 1));
+  got.max_inline_data = c.max_inline_data ? std::max<uint32_t>(static_cast<uint32_t>(layout::align_up(c.max_inline_data, 64)),
+                                                                 got.max_send_sge * sizeof(ibv_sge))
+                                          : got.max_send_sge * sizeof(ibv_sge);
+  got.max_inline_data = std::min(got.max_inline_data, limits::kMaxInlineData);
+  if (!has_srq) {
+    got.max_recv_wr = Ring::capacity_for(std::max<uint32_t>(c.max_recv_wr, 1));
+    got.max_recv_sge = round_up_pow2(std::max<uint32_t>(c.max_recv_sge, 1));
+    if (got.max_recv_wr > limits::kMaxQpWr || got.max_recv_sge > limits::kMaxSge) return EINVAL;
+  }
+  if (got.max_send_wr > limits::kMaxQpWr || got.max_send_sge > limits::kMaxSge) return EINVAL;
+  uint32_t payload = std::max<uint32_t>(got.max_send_sge * sizeof(ibv_sge), got.max_inline_data);
+  qp->sq_stride = static_cast<uint32_t>(layout::align_up(sizeof(SendSlot) + payload, 8));
+  try {
+    qp->sq_storage.assign(size_t{got.max_send_wr} * qp->sq_stride / 8, 0);
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
+  qp->sq_mask = got.max_send_wr - 1;
+
+  std::lock_guard lk(mu_);
+  if (a.pd >= pds_.size() || !pds_[a.pd].live || a.send_cq >= cqs_.size() || !cqs_[a.send_cq].live ||
+      a.recv_cq >= cqs_.size() || !cqs_[a.recv_cq].live)
+    return EINVAL;
+  uint32_t i = 0;
+  while (i < qps_.size() && qps_[i]) ++i;
+  if (i == qps_.size()) return ENOMEM;
+  uint64_t rq_off = 0, rq_bytes = 0;
+  Ring rq;
+  uint32_t stride = 0;
+  if (!has_srq) {
+    stride = recv_stride(got.max_recv_sge);
+    rq_bytes = Ring::bytes_for(got.max_recv_wr, stride);
+    rq_off = heap_alloc(rq_bytes);
+    if (!rq_off) return ENOMEM;
+    auto* rs = map_.at<RingShared>(rq_off);
+    auto r = Ring::format(rs, Ring::slots_after(rs), got.max_recv_wr, stride);
+    if (!r) {
+      heap_free(rq_off, rq_bytes);
+      return EINVAL;
+    }
+    rq = *r;
+  }
+  if (int rc = charge(layout::kObjQp, limits::kMaxQp)) {
+    if (rq_bytes) heap_free(rq_off, rq_bytes);
+    return rc;
+  }
+  auto* e = table<layout::QpEntry>(layout_.qp_table) + i;
+  uint32_t gen = e->generation + 1;
+  uint32_t qpn = layout::make_qpn(slot_, i, layout::kQpnQp, gen);
+  while (qpn < 2) qpn = layout::make_qpn(slot_, i, layout::kQpnQp, ++gen);  // 0 and 1 are special QPs
+  e->generation = gen;
+  e->qpn = qpn;
+  e->qp_type = a.qp_type;
+  e->qp_state.store(IBV_QPS_RESET, std::memory_order_relaxed);
+  e->pd_index = a.pd;
+  e->send_cq = a.send_cq;
+  e->recv_cq = a.recv_cq;
+  e->srq_index = a.srq;
+  e->rq_capacity = got.max_recv_wr;
+  e->rq_max_sge = got.max_recv_sge;
+  e->rq_stride = stride;
+  e->rq_ring_offset = rq_off;
+  e->rq_ring_bytes = rq_bytes;
+  e->dest_qpn = 0;
+  e->access = 0;
+  e->initiator_waiting.store(0, std::memory_order_relaxed);
+  e->state.store(layout::kLive, std::memory_order_release);  // R1
+  qp->index = i;
+  qp->qpn = qpn;
+  qp->qp_type = a.qp_type;
+  qp->pd = a.pd;
+  qp->send_cq = a.send_cq;
+  qp->recv_cq = a.recv_cq;
+  qp->srq = a.srq;
+  qp->sq_sig_all = a.sq_sig_all;
+  qp->caps = got;
+  qp->shared = e;
+  qp->rq = rq;
+  qp->rq_off = rq_off;
+  qp->rq_bytes = rq_bytes;
+  pds_[a.pd].refs += 1;
+  cqs_[a.send_cq].refs += 1;
+  cqs_[a.recv_cq].refs += 1;
+  *out = qp.get();
+  qps_[i] = std::move(qp);
+  return 0;
+}
+
+int LocalContext::destroy_qp(Qp* qp) noexcept {
+  std::lock_guard lk(mu_);
+  if (!qp || qp->index >= qps_.size() || qps_[qp->index].get() != qp) return EINVAL;
+  {
+    // No post or progress may be running on this QP now (the application
+    // must not use a QP it destroys); take the lock to be sure.
+    std::lock_guard sq(qp->sq_lock);
+  }
+  if (qp->sq_pending.load(std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+  qp->shared->qp_state.store(IBV_QPS_RESET, std::memory_order_release);
+  qp->shared->state.store(layout::kFree, std::memory_order_release);
+  if (qp->rq_bytes) heap_free(qp->rq_off, qp->rq_bytes);
+  if (pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
+  if (cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;
+  if (cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
+  qps_[qp->index].reset();
+  uncharge(layout::kObjQp);
+  return 0;
+}
+
+void LocalContext::query_qp(Qp* qp, QpAttr* attr) noexcept {
+  *attr = qp->attr;
+  attr->qp_state = qp->state();
+  attr->cur_qp_state = attr->qp_state;
+}
+
+int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
+  if (qp->srq != layout::kNoIndex) return EINVAL;  // receives go to the SRQ
+  if (num_sge > qp->caps.max_recv_sge) return EINVAL;
+  uint32_t st = qp->state();
+  if (st == IBV_QPS_RESET) return EINVAL;
+  Ring ring = qp->rq;
+  RingResult r = ring.try_reserve();
+  if (!r) return r.status == RingStatus::full ? ENOMEM : EAGAIN;
+  layout::RecvWqeHeader h{wr_id, num_sge, 0};
+  std::memcpy(r.handle.payload, &h, sizeof h);
+  for (uint32_t k = 0; k < num_sge; ++k) {
+    layout::WireSge w{sges[k].addr, sges[k].length, sges[k].lkey};
+    std::memcpy(r.handle.payload + sizeof h + k * sizeof w, &w, sizeof w);
+  }
+  ring.publish(r.handle);
+  if (qp->state() == IBV_QPS_ERR) {
+    // Receives posted to a QP in the error state complete with a flush error.
+    std::lock_guard lk(qp->sq_lock);
+    qp->rq_flushed = false;
+    flush_qp(qp);
+  }
+  return 0;
+}
+
+}  // namespace shmrdma

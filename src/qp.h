@@ -1,0 +1,163 @@
+// Queue pairs: the private state of a QP owned by this process, and the work
+// requests the provider hands to the core. Enum values are libibverbs' own
+// (infiniband/verbs.h is a public, header-only dependency of the core).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "layout.h"
+#include "peer.h"
+#include "ring.h"
+
+namespace shmrdma {
+
+class LocalContext;
+
+struct QpCaps {
+  uint32_t max_send_wr = 0;
+  uint32_t max_recv_wr = 0;
+  uint32_t max_send_sge = 0;
+  uint32_t max_recv_sge = 0;
+  uint32_t max_inline_data = 0;
+};
+
+struct QpCreateArgs {
+  uint32_t qp_type = IBV_QPT_RC;
+  uint32_t pd = 0;
+  uint32_t send_cq = 0;
+  uint32_t recv_cq = 0;
+  uint32_t srq = layout::kNoIndex;
+  bool sq_sig_all = false;
+  QpCaps caps;
+};
+
+// What modify/query use: the fields of ibv_qp_attr shmrdma implements.
+struct QpAttr {
+  uint32_t qp_state = IBV_QPS_RESET;
+  uint32_t cur_qp_state = IBV_QPS_RESET;
+  uint32_t path_mtu = IBV_MTU_4096;
+  uint32_t path_mig_state = IBV_MIG_MIGRATED;
+  uint32_t qkey = 0;
+  uint32_t rq_psn = 0;
+  uint32_t sq_psn = 0;
+  uint32_t dest_qp_num = 0;
+  uint32_t qp_access_flags = 0;
+  uint16_t pkey_index = 0;
+  uint16_t dlid = 0;
+  uint8_t sl = 0;
+  uint8_t src_path_bits = 0;
+  uint8_t static_rate = 0;
+  uint8_t is_global = 0;
+  uint8_t ah_port_num = 0;
+  ibv_global_route grh{};
+  uint8_t en_sqd_async_notify = 0;
+  uint8_t sq_draining = 0;
+  uint8_t max_rd_atomic = 0;
+  uint8_t max_dest_rd_atomic = 0;
+  uint8_t min_rnr_timer = 0;
+  uint8_t port_num = 0;
+  uint8_t timeout = 0;
+  uint8_t retry_cnt = 0;
+  uint8_t rnr_retry = 0;
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  uint32_t opcode = 0;      // ibv_wr_opcode
+  uint32_t send_flags = 0;  // ibv_send_flags
+  uint32_t imm_data = 0;    // network byte order
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  uint32_t num_sge = 0;
+  const ibv_sge* sg_list = nullptr;
+};
+
+// A tiny test-and-test-and-set lock for per-QP send-side state: held for the
+// duration of one post or one progress pass, never across a wait, only by
+// threads of this process.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    for (;;) {
+      if (!flag_.exchange(true, std::memory_order_acquire)) return;  // pairs with unlock's release
+      while (flag_.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+    }
+  }
+  bool try_lock() noexcept { return !flag_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+// A send WQE in the owner's private send queue. The SGE list (or the inline
+// bytes) follows the header in the same stride.
+struct SendSlot {
+  uint64_t wr_id;
+  uint64_t remote_addr;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint64_t length;        // total bytes
+  uint32_t opcode;
+  uint32_t send_flags;
+  uint32_t imm_data;
+  uint32_t rkey;
+  uint32_t num_sge;       // 0 with inline data
+  uint32_t inline_len;
+  uint8_t executed;       // done, waiting for a later signaled completion to retire it
+  uint8_t reserved[7];
+};
+
+struct Qp {
+  uint32_t index = 0;
+  uint32_t qpn = 0;
+  uint32_t qp_type = IBV_QPT_RC;
+  uint32_t pd = 0;
+  uint32_t send_cq = 0;
+  uint32_t recv_cq = 0;
+  uint32_t srq = layout::kNoIndex;
+  bool sq_sig_all = false;
+  QpCaps caps;
+  QpAttr attr;                     // last values set by modify_qp (for query_qp)
+  layout::QpEntry* shared = nullptr;
+
+  // Receive queue (absent with an SRQ).
+  Ring rq;
+  uint64_t rq_off = 0, rq_bytes = 0;
+
+  // Send queue: private ring of SendSlot. retire <= exec <= tail.
+  SpinLock sq_lock;
+  std::vector<uint64_t> sq_storage;  // 8-byte units
+  uint32_t sq_stride = 0;            // bytes
+  uint32_t sq_mask = 0;
+  uint32_t sq_retire = 0, sq_exec = 0, sq_tail = 0;
+  std::atomic<uint32_t> sq_pending{0};  // WQEs posted but not executed (for progress from poll)
+
+  // Waiting state of the WQE at sq_exec (receiver not ready / peer absent).
+  uint64_t wait_started_ns = 0;
+  uint32_t rnr_attempts = 0;
+  uint32_t timeout_attempts = 0;
+
+  // Connection (from RTR).
+  std::shared_ptr<Peer> peer;
+  uint32_t remote_index = 0;
+
+  // The receive side has been flushed after entering ERR.
+  bool rq_flushed = false;
+
+  SendSlot* slot(uint32_t pos) noexcept {
+    return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);
+  }
+  ibv_sge* sges(SendSlot* s) noexcept { return reinterpret_cast<ibv_sge*>(s + 1); }
+  uint8_t* inline_data(SendSlot* s) noexcept { return reinterpret_cast<uint8_t*>(s + 1); }
+  uint32_t state() const noexcept { return shared->qp_state.load(std::memory_order_acquire); }
+};
+
+}  // namespace shmrdma

@@ -1,0 +1,173 @@
+// ibv_modify_qp: the QP state machine of the InfiniBand spec (11.2.5.3 and
+// the kernel's transition table), with the attributes each transition
+// requires and allows.
+#include <cerrno>
+
+#include "context.h"
+
+namespace shmrdma {
+
+namespace {
+
+struct Transition {
+  bool valid = false;
+  uint32_t required = 0;
+  uint32_t optional = 0;
+};
+
+// RC attributes per transition.
+Transition rc_transition(uint32_t cur, uint32_t next) {
+  constexpr uint32_t S = IBV_QP_STATE;
+  Transition t;
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {true, S, 0};
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT) t = {true, S | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      break;
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT) t = {true, S, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (next == IBV_QPS_RTR)
+        t = {true,
+             S | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                 IBV_QP_MIN_RNR_TIMER,
+             IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      break;
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS)
+        t = {true, S | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
+             IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE};
+      break;
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS)
+        t = {true, S,
+             IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+      if (next == IBV_QPS_SQD) t = {true, S, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      break;
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS)
+        t = {true, S,
+             IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER};
+      if (next == IBV_QPS_SQD)
+        t = {true, S,
+             IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER |
+                 IBV_QP_PATH_MIG_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                 IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PORT};
+      break;
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) t = {true, S, IBV_QP_CUR_STATE};
+      break;
+    default:
+      break;
+  }
+  return t;
+}
+
+constexpr uint32_t kKnownMask = (IBV_QP_DEST_QPN << 1) - 1;
+
+}  // namespace
+
+int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
+  if (mask & ~kKnownMask) return EINVAL;
+  std::lock_guard lk(mu_);
+  if (!qp || qp->index >= qps_.size() || qps_[qp->index].get() != qp) return EINVAL;
+  uint32_t cur = qp->state();
+  if ((mask & IBV_QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
+  uint32_t next = (mask & IBV_QP_STATE) ? a.qp_state : cur;
+  if (next > IBV_QPS_ERR) return EINVAL;
+  Transition t = rc_transition(cur, next);
+  if (!(mask & IBV_QP_STATE)) return EINVAL;  // every RC transition names the new state
+  if (!t.valid || (mask & t.required) != t.required || (mask & ~(t.required | t.optional))) return EINVAL;
+
+  // Values.
+  const layout::DeviceRecord& dev = registry_.device();
+  if ((mask & IBV_QP_PORT) && (a.port_num < 1 || a.port_num > dev.num_ports)) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index >= limits::kPkeyTableLen) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (a.qp_access_flags & ~uint32_t{IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                     IBV_ACCESS_REMOTE_ATOMIC}))
+    return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096)) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > limits::kMaxQpRdAtom) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > limits::kMaxQpRdAtom) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > limits::kQpnMask) return EINVAL;
+  if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > 0xffffff) return EINVAL;
+  if (mask & IBV_QP_AV) {
+    // QPs connect within one device: the destination LID must be one of its
+    // ports (a GRH is accepted; its DGID must then be one of our GIDs).
+    bool found = false;
+    for (uint32_t p = 0; p < dev.num_ports; ++p) found |= dev.ports[p].lid == a.dlid;
+    if (!found && !a.is_global) return EINVAL;
+    if (a.ah_port_num && a.ah_port_num > dev.num_ports) return EINVAL;
+  }
+
+  // Apply.
+  QpAttr& s = qp->attr;
+  if (mask & IBV_QP_PORT) s.port_num = a.port_num;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a.pkey_index;
+  if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a.qp_access_flags;
+  if (mask & IBV_QP_PATH_MTU) s.path_mtu = a.path_mtu;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = a.max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = a.min_rnr_timer;
+  if (mask & IBV_QP_TIMEOUT) s.timeout = a.timeout;
+  if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = a.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = a.rnr_retry;
+  if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = a.dest_qp_num;
+  if (mask & IBV_QP_RQ_PSN) s.rq_psn = a.rq_psn;
+  if (mask & IBV_QP_SQ_PSN) s.sq_psn = a.sq_psn;
+  if (mask & IBV_QP_QKEY) s.qkey = a.qkey;
+  if (mask & IBV_QP_PATH_MIG_STATE) s.path_mig_state = a.path_mig_state;
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a.en_sqd_async_notify;
+  if (mask & IBV_QP_AV) {
+    s.dlid = a.dlid;
+    s.sl = a.sl;
+    s.src_path_bits = a.src_path_bits;
+    s.static_rate = a.static_rate;
+    s.is_global = a.is_global;
+    s.grh = a.grh;
+    s.ah_port_num = a.ah_port_num;
+  }
+  layout::QpEntry* e = qp->shared;
+  e->access = s.qp_access_flags;
+  e->min_rnr_timer = s.min_rnr_timer;
+  e->port = s.port_num;
+  if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
+    e->dest_qpn = s.dest_qp_num;
+    e->dlid = s.dlid;
+    // Find the peer now (it may not exist yet: the connection is then
+    // resolved on first use, as a packet to an absent QP would be retried).
+    qp->peer = peers_.get(registry_, layout::qpn_slot(s.dest_qp_num), self_peer_);
+    qp->remote_index = layout::qpn_index(s.dest_qp_num);
+  }
+  if (next == IBV_QPS_RESET) {
+    // Everything posted is discarded; the QP starts over.
+    std::lock_guard sq(qp->sq_lock);
+    if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+    qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
+    Ring ring = qp->rq;
+    if (qp->rq.attached())
+      for (uint32_t n = 0; n < qp->rq.capacity(); ++n) {
+        RingResult r = ring.try_claim();
+        if (!r) break;
+        ring.release(r.handle);
+      }
+    qp->peer.reset();
+    qp->rq_flushed = false;
+    qp->attr = QpAttr{};
+  }
+  // Publish the new state last (release): a peer that sees it sees the
+  // connection fields written above.
+  e->qp_state.store(next, std::memory_order_release);
+  if (next == IBV_QPS_ERR) {
+    std::lock_guard sq(qp->sq_lock);
+    flush_qp(qp);
+  }
+  return 0;
+}
+
+}  // namespace shmrdma

@@ -1,0 +1,461 @@
+// The RC transport: the initiator executes its own work requests. Posting a
+// send is the doorbell and the work: the posting thread validates the WQE,
+// resolves the target QP in the peer's segment, takes a receive WQE from the
+// target's receive queue when the operation consumes one, moves the data,
+// and writes the completions (the target's receive completion into the
+// target's CQ, our send completion into ours).
+//
+// Trust: the peer's QP, MR, CQ and ring descriptors come from its shared
+// segment. They are validated before use and can only misdirect data within
+// the peer's own memory (CMA targets the peer's pid) or make the operation
+// fail; our own buffers are resolved from our private MR table only.
+#include <endian.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "context.h"
+#include "mover.h"
+
+namespace shmrdma {
+
+namespace {
+
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// IB spec table 45: the RNR NAK timer field encoding, in microseconds.
+uint64_t rnr_timer_us(uint32_t code) {
+  static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,    40,    60,    80,    120,   160,   240,   320,
+                                          480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
+                                          20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return kTable[code & 31];
+}
+
+uint32_t wc_opcode(uint32_t wr_opcode) {
+  switch (wr_opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+
+bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
+
+bool consumes_recv(uint32_t op) {
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+constexpr uint32_t kMaxIov = 2 * limits::kMaxSge;
+
+// The target's MR for `key` as a key of `kind` (lkey or rkey), checked
+// against the PD, the access it must grant and the range. Returns the host
+// address in the target's address space, or 0.
+uint64_t resolve_remote(const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
+                        uint64_t len) {
+  layout::MrEntry* e = peer.mr(layout::key_index(key));
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return 0;  // A1 pairs with R1
+  uint32_t k = rkey ? e->rkey : e->lkey;
+  uint64_t iova = e->iova, length = e->length, host = e->host_addr;
+  if (k != key || e->pd_index != pd || (e->access & need) != need) return 0;
+  if (addr < iova || len > length || addr - iova > length - len) return 0;
+  return host + (addr - iova);
+}
+
+}  // namespace
+
+bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept {
+  layout::CqEntry* e = peer.cq(cq_index);
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
+  Ring ring;
+  if (!peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring)) return false;
+  if (ring.payload_size() < sizeof cqe) return false;
+  // Bounded retry: a CQ that stays full has overrun, as on hardware.
+  for (int i = 0; i < 4; ++i) {
+    RingStatus st = ring.try_push(&cqe, sizeof cqe);
+    if (st == RingStatus::ok) return true;
+    if (st != RingStatus::contended) return false;
+  }
+  return false;
+}
+
+int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
+  uint32_t st = qp->state();
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  switch (wr.opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: break;
+    default: return EINVAL;  // not an RC operation shmrdma implements
+  }
+  if (wr.num_sge > qp->caps.max_send_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < wr.num_sge; ++k) total += wr.sg_list[k].length;
+  bool inl = (wr.send_flags & IBV_SEND_INLINE) && !is_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ;
+  if (inl && total > qp->caps.max_inline_data) return EINVAL;
+  if (is_atomic(wr.opcode) && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
+  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+
+  std::lock_guard lk(qp->sq_lock);
+  if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  SendSlot* s = qp->slot(qp->sq_tail);
+  s->wr_id = wr.wr_id;
+  s->opcode = wr.opcode;
+  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+  s->imm_data = wr.imm_data;
+  s->remote_addr = wr.remote_addr;
+  s->rkey = wr.rkey;
+  s->compare_add = wr.compare_add;
+  s->swap = wr.swap;
+  s->length = total;
+  s->executed = 0;
+  if (inl) {
+    s->num_sge = 0;
+    s->inline_len = static_cast<uint32_t>(total);
+    uint8_t* dst = qp->inline_data(s);
+    for (uint32_t k = 0; k < wr.num_sge; ++k) {
+      std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
+      dst += wr.sg_list[k].length;
+    }
+  } else {
+    s->num_sge = wr.num_sge;
+    s->inline_len = 0;
+    std::memcpy(qp->sges(s), wr.sg_list, wr.num_sge * sizeof(ibv_sge));
+  }
+  qp->sq_tail += 1;
+  if (qp->sq_pending.fetch_add(1, std::memory_order_relaxed) == 0) qps_pending_.fetch_add(1, std::memory_order_relaxed);
+  return 0;
+}
+
+void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept {
+  layout::Cqe c{};
+  c.wr_id = s->wr_id;
+  c.status = status;
+  c.opcode = wc_opcode(s->opcode);
+  c.byte_len = (s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode)) ? static_cast<uint32_t>(s->length) : 0;
+  c.qp_num = qp->qpn;
+  (void)push_cqe(qp->send_cq, c);  // a full CQ has overrun; the completion is lost, as on hardware
+}
+
+void LocalContext::flush_qp(Qp* qp) noexcept {
+  // Caller holds qp->sq_lock.
+  while (qp->sq_exec != qp->sq_tail) {
+    complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_WR_FLUSH_ERR);
+    qp->sq_exec += 1;
+  }
+  qp->sq_retire = qp->sq_exec;
+  if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+  if (qp->rq.attached()) {
+    Ring ring = qp->rq;
+    for (uint32_t n = 0; n < ring.capacity(); ++n) {
+      RingResult r = ring.try_claim();
+      if (!r) break;
+      layout::RecvWqeHeader h;
+      std::memcpy(&h, r.handle.payload, sizeof h);
+      ring.release(r.handle);
+      layout::Cqe c{};
+      c.wr_id = h.wr_id;
+      c.status = IBV_WC_WR_FLUSH_ERR;
+      c.opcode = IBV_WC_RECV;
+      c.qp_num = qp->qpn;
+      (void)push_cqe(qp->recv_cq, c);
+    }
+  }
+  qp->rq_flushed = true;
+}
+
+void LocalContext::enter_error(Qp* qp) noexcept {
+  qp->shared->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+  flush_qp(qp);
+}
+
+LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
+  const uint64_t now = now_ns();
+  const QpAttr& a = qp->attr;
+  // Transport-level wait: the target does not answer (absent, not ready, not
+  // connected to us). Retried for timeout * (retry_cnt + 1), as the
+  // transport timer and retry count would; a target process known to be dead
+  // fails at once.
+  auto transport_wait = [&]() -> Exec {
+    if (qp->peer && !qp->peer->alive()) {
+      *status = IBV_WC_RETRY_EXC_ERR;
+      return Exec::kError;
+    }
+    if (!qp->wait_started_ns) qp->wait_started_ns = now;
+    if (a.timeout != 0) {
+      uint64_t period_ns = uint64_t{4096} << a.timeout;
+      if (now - qp->wait_started_ns > period_ns * (uint64_t{a.retry_cnt} + 1)) {
+        *status = IBV_WC_RETRY_EXC_ERR;
+        return Exec::kError;
+      }
+    }
+    return Exec::kWait;
+  };
+
+  if (!qp->peer || qp->peer->slot != layout::qpn_slot(a.dest_qp_num)) {
+    qp->peer = peers_.get(registry_, layout::qpn_slot(a.dest_qp_num), self_peer_);
+    if (!qp->peer) return transport_wait();
+  }
+  Peer& peer = *qp->peer;
+  layout::QpEntry* t = peer.qp(qp->remote_index);
+  if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
+      t->qp_type != IBV_QPT_RC) {
+    // The peer context we cached may have been replaced by a new one in the
+    // same slot: look again next time.
+    if (!peer.alive()) qp->peer.reset();
+    return transport_wait();
+  }
+  uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
+  if ((ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) || t->dest_qpn != qp->qpn)
+    return transport_wait();
+  const uint32_t tpd = t->pd_index;
+  const uint32_t taccess = t->access;
+
+  // Our side of the data: inline bytes, or SGEs checked against our MRs.
+  IoVec local[limits::kMaxSge];
+  uint32_t nlocal = 0;
+  const bool into_local = s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode);
+  if (s->inline_len) {
+    local[nlocal++] = {qp->inline_data(s), s->inline_len};
+  } else {
+    ibv_sge* sg = qp->sges(s);
+    for (uint32_t k = 0; k < s->num_sge; ++k) {
+      if (sg[k].length == 0) continue;
+      const void* p = resolve_local(sg[k].lkey, qp->pd, sg[k].addr, sg[k].length, into_local ? kAccessLocalWrite : 0);
+      if (!p) {
+        *status = IBV_WC_LOC_PROT_ERR;
+        return Exec::kError;
+      }
+      local[nlocal++] = {const_cast<void*>(p), sg[k].length};
+    }
+  }
+  const uint64_t len = s->length;
+
+  auto remote_access = [&](uint32_t need, uint64_t bytes) -> uint64_t {
+    if ((taccess & need) != need) return 0;
+    return resolve_remote(peer, s->rkey, true, tpd, need, s->remote_addr, bytes);
+  };
+  auto move_failed = [&](int rc) -> Exec {
+    *status = (rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR;
+    return Exec::kError;
+  };
+
+  // One-sided data movement first (WRITE, WRITE_WITH_IMM, READ, atomics).
+  if (s->opcode == IBV_WR_RDMA_WRITE || s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    if (len) {
+      uint64_t host = remote_access(IBV_ACCESS_REMOTE_WRITE, len);
+      if (!host) {
+        *status = IBV_WC_REM_ACCESS_ERR;
+        return Exec::kError;
+      }
+      IoVec remote{reinterpret_cast<void*>(host), len};
+      if (int rc = move_out(peer.pid, peer.self_process, local, nlocal, &remote, 1, true)) return move_failed(rc);
+    }
+  } else if (s->opcode == IBV_WR_RDMA_READ) {
+    if (len) {
+      uint64_t host = remote_access(IBV_ACCESS_REMOTE_READ, len);
+      if (!host) {
+        *status = IBV_WC_REM_ACCESS_ERR;
+        return Exec::kError;
+      }
+      IoVec remote{reinterpret_cast<void*>(host), len};
+      if (int rc = move_in(peer.pid, peer.self_process, local, nlocal, &remote, 1)) return move_failed(rc);
+    }
+  } else if (is_atomic(s->opcode)) {
+    if (s->remote_addr % 8) {
+      *status = IBV_WC_REM_INV_REQ_ERR;
+      return Exec::kError;
+    }
+    uint64_t host = remote_access(IBV_ACCESS_REMOTE_ATOMIC, 8);
+    if (!host) {
+      *status = IBV_WC_REM_ACCESS_ERR;
+      return Exec::kError;
+    }
+    uint32_t stripe = static_cast<uint32_t>((host >> 3) ^ static_cast<uint64_t>(peer.pid) * 0x9e3779b9u);
+    if (registry_.lock_atomic(stripe) != 0) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Exec::kError;
+    }
+    uint64_t old = 0, next = 0;
+    IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(host), 8};
+    int rc = move_in(peer.pid, peer.self_process, &mine, 1, &theirs, 1);
+    if (rc == 0) {
+      bool store = true;
+      if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        store = old == s->compare_add;
+        next = s->swap;
+      } else {
+        next = old + s->compare_add;
+      }
+      IoVec nv{&next, 8};
+      if (store) rc = move_out(peer.pid, peer.self_process, &nv, 1, &theirs, 1, false);
+    }
+    registry_.unlock_atomic(stripe);
+    if (rc) return move_failed(rc);
+    std::memcpy(local[0].base, &old, 8);
+  }
+
+  if (!consumes_recv(s->opcode)) {
+    qp->wait_started_ns = 0;
+    return Exec::kDone;
+  }
+
+  // Two-sided: take the target's next receive WQE (its RQ or its SRQ).
+  Ring rq;
+  uint32_t rq_max_sge = 0;
+  if (t->srq_index != layout::kNoIndex) {
+    layout::SrqEntry* se = peer.srq(t->srq_index);
+    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
+        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq)) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Exec::kError;
+    }
+  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq)) {
+    *status = IBV_WC_REM_OP_ERR;
+    return Exec::kError;
+  }
+  rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
+  rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
+  RingResult claimed = rq.try_claim();
+  if (!claimed) {
+    if (claimed.status == RingStatus::contended) return Exec::kWait;
+    // Receiver not ready: wait (rnr_retry 7 = forever) and let the receiver
+    // know someone waits, so its next post_recv can wake us.
+    t->initiator_waiting.store(1, std::memory_order_relaxed);
+    if (!qp->wait_started_ns) qp->wait_started_ns = now;
+    if (a.rnr_retry != 7) {
+      uint64_t period_ns = rnr_timer_us(t->min_rnr_timer) * 1000;
+      if (now - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
+        *status = IBV_WC_RNR_RETRY_EXC_ERR;
+        return Exec::kError;
+      }
+    }
+    if (!peer.alive()) {
+      *status = IBV_WC_RETRY_EXC_ERR;
+      return Exec::kError;
+    }
+    return Exec::kWait;
+  }
+  qp->wait_started_ns = 0;
+  // Copy the WQE out of shared memory, then free the slot at once.
+  layout::RecvWqeHeader h;
+  layout::WireSge rsge[limits::kMaxSge];
+  std::memcpy(&h, claimed.handle.payload, sizeof h);
+  uint32_t rn = std::min(h.num_sge, rq_max_sge);
+  std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  rq.release(claimed.handle);
+
+  layout::Cqe rc_cqe{};
+  rc_cqe.wr_id = h.wr_id;
+  rc_cqe.qp_num = t->qpn;
+  rc_cqe.src_qp = qp->qpn;
+  rc_cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
+  rc_cqe.byte_len = static_cast<uint32_t>(len);
+  rc_cqe.opcode = s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  if (s->opcode != IBV_WR_SEND) {
+    rc_cqe.imm_data = s->imm_data;
+    rc_cqe.wc_flags = IBV_WC_WITH_IMM;
+  }
+  auto responder_error = [&](uint32_t recv_status, uint32_t our_status) -> Exec {
+    // The responder's WQE completes in error and its QP enters the error
+    // state; its owner flushes the rest at its next poll.
+    rc_cqe.status = recv_status;
+    rc_cqe.byte_len = 0;
+    (void)push_peer_cqe(peer, t->recv_cq, rc_cqe);
+    t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
+    th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
+    *status = our_status;
+    return Exec::kError;
+  };
+
+  if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
+    // Scatter into the receive buffers, checked against the target's MRs.
+    IoVec remote[limits::kMaxSge];
+    uint32_t nremote = 0;
+    uint64_t room = 0, need = len;
+    for (uint32_t k = 0; k < rn && need; ++k) {
+      uint64_t take = std::min<uint64_t>(rsge[k].length, need);
+      if (take == 0) continue;
+      uint64_t host = resolve_remote(peer, rsge[k].lkey, false, tpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take);
+      if (!host) return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+      remote[nremote++] = {reinterpret_cast<void*>(host), take};
+      room += take;
+      need -= take;
+    }
+    if (room < len) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
+    if (int rc = move_out(peer.pid, peer.self_process, local, nlocal, remote, nremote, false)) {
+      if (rc == ESRCH || rc == EPERM) return move_failed(rc);
+      return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+    }
+  }
+  rc_cqe.status = IBV_WC_SUCCESS;
+  (void)push_peer_cqe(peer, t->recv_cq, rc_cqe);
+  return Exec::kDone;
+}
+
+void LocalContext::progress(Qp* qp) noexcept {
+  std::lock_guard lk(qp->sq_lock);
+  while (qp->sq_exec != qp->sq_tail) {
+    uint32_t st = qp->state();
+    if (st == IBV_QPS_ERR) {
+      flush_qp(qp);
+      return;
+    }
+    if (st != IBV_QPS_RTS) break;  // SQD / SQE: hold what is queued
+    SendSlot* s = qp->slot(qp->sq_exec);
+    uint32_t status = IBV_WC_SUCCESS;
+    Exec r = execute(qp, s, &status);
+    if (r == Exec::kWait) break;
+    if (r == Exec::kError) {
+      complete_send(qp, s, status);
+      qp->sq_exec += 1;
+      qp->sq_retire = qp->sq_exec;
+      qp->wait_started_ns = 0;
+      enter_error(qp);
+      return;
+    }
+    s->executed = 1;
+    qp->sq_exec += 1;
+    if (s->send_flags & IBV_SEND_SIGNALED) {
+      complete_send(qp, s, IBV_WC_SUCCESS);
+      qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
+    }
+  }
+  if (qp->sq_exec == qp->sq_tail && qp->sq_pending.exchange(0, std::memory_order_relaxed))
+    qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void LocalContext::progress_all() noexcept {
+  auto* h = header();
+  uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
+  if (qps_pending_.load(std::memory_order_relaxed) == 0 && att == attention_seen_) return;
+  std::lock_guard lk(mu_);
+  bool attention = att != attention_seen_;
+  attention_seen_ = att;
+  for (auto& q : qps_) {
+    if (!q) continue;
+    if (attention && q->state() == IBV_QPS_ERR && !q->rq_flushed) {
+      std::lock_guard sq(q->sq_lock);
+      flush_qp(q.get());
+      continue;
+    }
+    if (q->sq_pending.load(std::memory_order_relaxed)) progress(q.get());
+  }
+}
+
+}  // namespace shmrdma
