@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "async.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -55,6 +56,9 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   h->heap_size = c->layout_.heap_size;
   // Tables start zeroed (a new file reads as zeros): every entry is kFree.
   c->heap_.reset(c->layout_.heap_offset, c->layout_.heap_size);
+  rc = create_async_fifo(c->map_.path() + kAsyncSuffix, &c->async_read_fd_, &c->async_write_fd_);
+  if (rc) return rc;  // the destructor removes the segment and the slot
+  c->self_peer_.async_path = c->map_.path() + kAsyncSuffix;
   c->self_peer_.slot = c->slot_;
   c->self_peer_.generation = c->generation_;
   c->self_peer_.pid = self_process().pid;
@@ -69,10 +73,13 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 }
 
 LocalContext::~LocalContext() {
+  if (async_read_fd_ >= 0) ::close(async_read_fd_);
+  if (async_write_fd_ >= 0) ::close(async_write_fd_);
   if (map_.base()) {
     std::string path = map_.path();
     map_.reset();
     ::unlink(path.c_str());
+    ::unlink((path + kAsyncSuffix).c_str());
   }
   if (registry_.valid()) registry_.unregister_context(slot_, generation_);
 }
@@ -95,6 +102,39 @@ void LocalContext::heap_free(uint64_t off, uint64_t bytes) noexcept {
   map_.discard(off, bytes);
   std::memset(map_.at<char>(off), 0, bytes);
   heap_.release(off, bytes);
+}
+
+int LocalContext::take_async_read_fd() noexcept {
+  int fd = async_read_fd_;
+  async_read_fd_ = -1;
+  return fd;
+}
+
+void LocalContext::raise_async(uint32_t event_type, uint64_t token) noexcept {
+  (void)write_async_event(async_write_fd_, event_type, token);
+}
+
+void LocalContext::set_cq_user(uint32_t index, void* user) noexcept {
+  std::lock_guard lk(mu_);
+  if (index < cqs_.size() && cqs_[index].live) cqs_[index].user = user;
+}
+
+void* LocalContext::resolve_async(uint64_t token) noexcept {
+  uint32_t index = token_index(token), gen = token_generation(token);
+  std::lock_guard lk(mu_);
+  switch (token_kind(token)) {
+    case AsyncKind::kQp:
+      if (index < qps_.size() && qps_[index] && (qps_[index]->shared->generation & 0xffffff) == gen)
+        return qps_[index]->user;
+      return nullptr;
+    case AsyncKind::kCq:
+      if (index < cqs_.size() && cqs_[index].live &&
+          (table<layout::CqEntry>(layout_.cq_table)[index].generation & 0xffffff) == gen)
+        return cqs_[index].user;
+      return nullptr;
+    default:
+      return nullptr;
+  }
 }
 
 // ------------------------------------------------------------- inspection

@@ -138,6 +138,15 @@ class LocalContext {
   // to the error state. Called by poll_cq; cheap when there is nothing to do.
   void progress_all() noexcept;
 
+  // Async events (see async.h). The read end of the FIFO becomes the
+  // context's async_fd: the caller takes ownership of it once.
+  int take_async_read_fd() noexcept;
+  void raise_async(uint32_t event_type, uint64_t token) noexcept;
+  // The application object a token names (its ibv_* pointer, as recorded
+  // with set_*_user), or nullptr when it names nothing live.
+  void* resolve_async(uint64_t token) noexcept;
+  void set_cq_user(uint32_t index, void* user) noexcept;
+
   // Receive WQ indirection tables (RSS).
   int create_ind_table(uint32_t log_size, const uint32_t* wq_indices, uint32_t* index, uint32_t* ind_tbl_num) noexcept;
   int destroy_ind_table(uint32_t index) noexcept;
@@ -146,7 +155,21 @@ class LocalContext {
   LocalContext() = default;
 
   struct PdState { bool live = false; uint32_t refs = 0; };
-  struct CqState { bool live = false; uint32_t refs = 0; uint64_t ring_off = 0, ring_bytes = 0; CqInfo info{}; };
+  struct CqState {
+    bool live = false;
+    uint32_t refs = 0;
+    uint64_t ring_off = 0, ring_bytes = 0;
+    CqInfo info{};
+    void* user = nullptr;
+    std::atomic<bool> overrun_reported{false};
+    CqState() = default;
+    CqState& operator=(const CqState& o) {
+      live = o.live; refs = o.refs; ring_off = o.ring_off; ring_bytes = o.ring_bytes; info = o.info; user = o.user;
+      overrun_reported.store(o.overrun_reported.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      return *this;
+    }
+    CqState(const CqState& o) { *this = o; }
+  };
   struct WqState_ {
     bool live = false;
     uint32_t refs = 0;
@@ -187,6 +210,7 @@ class LocalContext {
   layout::ContextLayout layout_{};
   HeapAllocator heap_;
   uint32_t slot_ = 0, generation_ = 0;
+  int async_read_fd_ = -1, async_write_fd_ = -1;
   std::vector<PdState> pds_;
   std::vector<CqState> cqs_;
   std::vector<WqState_> wqs_;

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "async.h"
 #include "context.h"
 
 namespace shmrdma {
@@ -65,7 +66,18 @@ int LocalContext::destroy_cq(uint32_t index) noexcept {
 bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
   Ring ring = cqs_[cq_index].info.ring;
-  return ring.try_push(&cqe, sizeof cqe) == RingStatus::ok;
+  for (int i = 0; i < 4; ++i) {
+    RingStatus st = ring.try_push(&cqe, sizeof cqe);
+    if (st == RingStatus::ok) return true;
+    if (st != RingStatus::contended) break;
+  }
+  // The CQ has overrun: the completion is lost and the application learns it
+  // from an IBV_EVENT_CQ_ERR, once.
+  if (!cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed)) {
+    uint32_t gen = table<layout::CqEntry>(layout_.cq_table)[cq_index].generation;
+    raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, gen));
+  }
+  return false;
 }
 
 int LocalContext::poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept {

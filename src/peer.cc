@@ -2,6 +2,9 @@
 
 #include <cerrno>
 
+#include <unistd.h>
+
+#include "async.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -19,6 +22,15 @@ bool Peer::ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t str
 
 bool Peer::alive() const noexcept { return process_alive(pid, start_time); }
 
+Peer::~Peer() {
+  if (async_fd >= 0) ::close(async_fd);
+}
+
+void Peer::raise_async(uint32_t event_type, uint64_t token) noexcept {
+  std::call_once(async_once_, [this] { async_fd = open_async_fifo_writer(async_path); });
+  (void)write_async_event(async_fd, event_type, token);
+}
+
 std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Peer& self) noexcept {
   ContextInfo info;
   if (!registry.context_slot(slot, &info)) return nullptr;
@@ -32,6 +44,7 @@ std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Pe
     p->generation = info.generation;
     p->pid = static_cast<pid_t>(info.pid);
     p->start_time = info.start_time;
+    p->async_path = registry.paths().device_dir + "/" + info.segment + kAsyncSuffix;
     if (slot == self.slot && info.generation == self.generation) {
       p->self_process = true;
       p->base = self.base;

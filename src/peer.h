@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "layout.h"
 #include "registry.h"
@@ -21,6 +22,10 @@
 namespace shmrdma {
 
 struct Peer {
+  Peer() = default;
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+  ~Peer();
   uint32_t slot = 0;
   uint32_t generation = 0;
   pid_t pid = 0;
@@ -30,6 +35,12 @@ struct Peer {
   char* base = nullptr;       // segment base (ours or the mapping's)
   uint64_t size = 0;
   layout::ContextLayout layout{};
+  std::string async_path;       // the peer's async event FIFO
+  int async_fd = -1;            // opened on first use
+  std::once_flag async_once_;
+
+  // Raises an async event in the peer's context (best effort).
+  void raise_async(uint32_t event_type, uint64_t token) noexcept;
 
   template <typename T>
   T* entry(uint64_t table, uint32_t index, uint32_t slots) const noexcept {

@@ -151,6 +151,7 @@ struct Qp {
 
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;
+  void* user = nullptr;  // the application's ibv_qp, for async events
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);

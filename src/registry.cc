@@ -32,15 +32,19 @@ void copy_slot(const ContextSlot& s, uint32_t index, ContextInfo* out) {
   std::memcpy(out->held, s.held, sizeof out->held);
 }
 
-// A segment file name we would have written: ctx-<digits>-<digits>.
-bool is_context_file(const char* name) {
+// A file a context creates: ctx-<digits>-<digits>, optionally followed by
+// ".async" (its async event FIFO). *base_len receives the length of the
+// ctx-<slot>-<generation> part.
+bool is_context_file(const char* name, size_t* base_len = nullptr) {
   if (std::strncmp(name, "ctx-", 4) != 0) return false;
   const char* p = name + 4;
   int dashes = 0;
-  for (; *p; ++p) {
+  for (; *p && *p != '.'; ++p) {
     if (*p == '-') ++dashes;
     else if (*p < '0' || *p > '9') return false;
   }
+  if (*p && std::strcmp(p, kAsyncSuffix) != 0) return false;
+  if (base_len) *base_len = static_cast<size_t>(p - name);
   return dashes == 1;
 }
 
@@ -224,8 +228,10 @@ int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
     if (process_alive(static_cast<pid_t>(s.pid), s.start_time)) continue;
     ContextInfo info;
     copy_slot(s, i, &info);
-    if (is_context_file(info.segment.c_str()))
+    if (is_context_file(info.segment.c_str())) {
       ::unlink((paths_.device_dir + "/" + info.segment).c_str());
+      ::unlink((paths_.device_dir + "/" + info.segment + kAsyncSuffix).c_str());
+    }
     std::memset(s.held, 0, sizeof s.held);
     s.state.store(layout::kFree, std::memory_order_release);
     if (reclaimed) reclaimed->push_back(std::move(info));
@@ -235,12 +241,13 @@ int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
   // died between creating its file and registering it, or after freeing it.
   if (DIR* d = ::opendir(paths_.device_dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      if (!is_context_file(e->d_name)) continue;
+      size_t base = 0;
+      if (!is_context_file(e->d_name, &base)) continue;
       bool referenced = false;
       for (uint32_t i = 0; i < limits::kMaxContexts && !referenced; ++i) {
         const ContextSlot& s = seg()->contexts[i];
-        referenced = s.state.load(std::memory_order_relaxed) == layout::kLive &&
-                     std::strncmp(s.segment, e->d_name, sizeof s.segment) == 0;
+        referenced = s.state.load(std::memory_order_relaxed) == layout::kLive && base < sizeof s.segment &&
+                     std::strncmp(s.segment, e->d_name, base) == 0 && s.segment[base] == '\0';
       }
       if (!referenced) ::unlinkat(::dirfd(d), e->d_name, 0);
     }

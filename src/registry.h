@@ -14,6 +14,9 @@
 
 namespace shmrdma {
 
+// Suffix of a context's async event FIFO, next to its segment file.
+inline constexpr const char* kAsyncSuffix = ".async";
+
 struct ContextInfo {
   uint32_t slot;
   uint32_t generation;

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "async.h"
 #include "context.h"
 #include "mover.h"
 
@@ -80,12 +81,14 @@ bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layo
   Ring ring;
   if (!peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring)) return false;
   if (ring.payload_size() < sizeof cqe) return false;
-  // Bounded retry: a CQ that stays full has overrun, as on hardware.
+  // Bounded retry: a CQ that stays full has overrun, as on hardware, and its
+  // owner gets IBV_EVENT_CQ_ERR.
   for (int i = 0; i < 4; ++i) {
     RingStatus st = ring.try_push(&cqe, sizeof cqe);
     if (st == RingStatus::ok) return true;
-    if (st != RingStatus::contended) return false;
+    if (st != RingStatus::contended) break;
   }
+  const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
   return false;
 }
 
@@ -176,6 +179,10 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
     }
   }
   qp->rq_flushed = true;
+  // A QP on an SRQ reports that no more receives will complete on it
+  // (IBV_EVENT_QP_LAST_WQE_REACHED), which consumers wait for on teardown.
+  if (qp->srq != layout::kNoIndex)
+    raise_async(IBV_EVENT_QP_LAST_WQE_REACHED, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
 }
 
 void LocalContext::enter_error(Qp* qp) noexcept {

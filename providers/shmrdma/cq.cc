@@ -34,6 +34,7 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
   cq->vcq.cq.context = ibctx;
   cq->vcq.cq.cqe = static_cast<int>(cq->info.capacity);
   cq->vcq.cq.handle = cq->info.index;
+  to_ctx(ibctx)->core->set_cq_user(cq->info.index, &cq->vcq.cq);
   return &cq->vcq.cq;
 }
 

@@ -15,7 +15,6 @@ namespace shmrdma::provider {
 struct Context {
   verbs_context vctx;  // must be first: libibverbs allocates this struct for us
   LocalContext* core;
-  int async_write_fd;  // our end of async_fd; async events are written here
 };
 static_assert(offsetof(Context, vctx) == 0);
 

@@ -165,6 +165,7 @@ ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, voi
     return nullptr;
   }
   ibv_qp& q = qp->vqp.qp;
+  qp->core->user = &q;
   q.context = ibctx;
   q.qp_context = qp_context;
   q.pd = pd;

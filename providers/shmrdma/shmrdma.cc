@@ -41,14 +41,56 @@ void uninit_device(verbs_device* vdev) noexcept { std::free(reinterpret_cast<Dev
 void free_context(ibv_context* ibctx) noexcept {
   Context* ctx = to_ctx(ibctx);
   delete ctx->core;
-  if (ctx->async_write_fd >= 0) ::close(ctx->async_write_fd);
   verbs_uninit_context(&ctx->vctx);  // closes cmd_fd and async_fd
   std::free(ctx);
+}
+
+// libibverbs has turned the descriptor's element into a pointer; it is our
+// token (async.h), translated here through private tables. A token that
+// names nothing live (a corrupt or stale descriptor) becomes a harmless port
+// event rather than a wild pointer the application would dereference.
+void async_event(ibv_context* ibctx, ibv_async_event* event) noexcept {
+  LocalContext* core = to_ctx(ibctx)->core;
+  uint64_t token = 0;
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR:
+      token = reinterpret_cast<uintptr_t>(event->element.cq);
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      token = reinterpret_cast<uintptr_t>(event->element.qp);
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      token = reinterpret_cast<uintptr_t>(event->element.srq);
+      break;
+    case IBV_EVENT_WQ_FATAL:
+      token = reinterpret_cast<uintptr_t>(event->element.wq);
+      break;
+    default:
+      if (event->element.port_num < 1 || static_cast<uint32_t>(event->element.port_num) > core->device().num_ports)
+        event->element.port_num = 1;
+      return;
+  }
+  void* obj = core->resolve_async(token);
+  if (!obj) {
+    event->event_type = IBV_EVENT_PORT_ACTIVE;
+    event->element.port_num = 1;
+    return;
+  }
+  event->element.cq = static_cast<ibv_cq*>(obj);  // the union's members are all pointers
 }
 
 const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
   o.alloc_pd = alloc_pd;
+  o.async_event = async_event;
   o.create_cq = create_cq;
   o.create_rwq_ind_table = create_rwq_ind_table;
   o.create_wq = create_wq;
@@ -96,11 +138,9 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) noexcept {
       device, cmd_fd, sizeof(Context), reinterpret_cast<verbs_context*>(offsetof(Context, vctx)),
       0 /* RDMA_DRIVER_UNKNOWN */));
   if (!ctx) return nullptr;  // libibverbs closed cmd_fd
-  ctx->async_write_fd = -1;
   ctx->core = nullptr;
   int rc = 0;
   DevicePaths paths;
-  int fds[2] = {-1, -1};
   std::unique_ptr<LocalContext> core;
   if ((rc = locate_device(device, &paths)) != 0) goto fail;
   if ((rc = LocalContext::open(paths, LocalContext::kDefaultHeapSize, &core)) != 0) {
@@ -108,14 +148,9 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) noexcept {
       std::fprintf(stderr, "shmrdma: device %s is not up (run: shmrdma up --name %s)\n", device->name, device->name);
     goto fail;
   }
-  // Async events travel through a pipe: ibv_get_async_event reads one
-  // 16-byte event descriptor per event from async_fd.
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    rc = errno;
-    goto fail;
-  }
-  ctx->vctx.context.async_fd = fds[0];
-  ctx->async_write_fd = fds[1];
+  // Async events arrive on the context's FIFO (see async.h); libibverbs
+  // reads them from async_fd and closes it with the context.
+  ctx->vctx.context.async_fd = core->take_async_read_fd();
   ctx->vctx.context.num_comp_vectors = limits::kNumCompVectors;
   ctx->core = core.release();
   verbs_set_ops(&ctx->vctx, &kOps);
