@@ -200,6 +200,7 @@ class LocalContext {
   Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;
+  void check_peer(Qp* qp) noexcept;
   void flush_qp(Qp* qp) noexcept;
   bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept;
   int qp_charge_and_slot(uint32_t* index) noexcept;
@@ -219,6 +220,8 @@ class LocalContext {
   std::vector<std::unique_ptr<Qp>> qps_;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   uint32_t attention_seen_ = 0;
+  std::atomic<uint32_t> polls_{0};
+  std::atomic<uint64_t> last_liveness_ns_{0};
   PeerCache peers_;
   Peer self_peer_;
   uint32_t mr_hint_ = 0;  // where the search for a free MR slot starts

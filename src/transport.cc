@@ -19,6 +19,7 @@
 #include "async.h"
 #include "context.h"
 #include "mover.h"
+#include "proc.h"
 
 namespace shmrdma {
 
@@ -447,15 +448,50 @@ void LocalContext::progress(Qp* qp) noexcept {
     qps_pending_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+void LocalContext::check_peer(Qp* qp) noexcept {
+  // Caller holds mu_. A connected QP whose peer process died moves to the
+  // error state: the oldest outstanding send fails with RETRY_EXC_ERR (the
+  // transport would have given up on it), the rest and every posted receive
+  // are flushed, and the application gets IBV_EVENT_QP_FATAL.
+  uint32_t st = qp->state();
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
+  std::shared_ptr<Peer> peer = qp->peer;
+  bool dead;
+  if (peer) {
+    dead = !peer->self_process && !peer->alive();
+  } else {
+    ContextInfo info;
+    dead = !registry_.context_slot(layout::qpn_slot(qp->attr.dest_qp_num), &info) ||
+           !process_alive(static_cast<pid_t>(info.pid), info.start_time);
+  }
+  if (!dead) return;
+  std::lock_guard sq(qp->sq_lock);
+  if (qp->sq_exec != qp->sq_tail) {
+    complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_RETRY_EXC_ERR);
+    qp->sq_exec += 1;
+    qp->sq_retire = qp->sq_exec;
+  }
+  enter_error(qp);
+  raise_async(IBV_EVENT_QP_FATAL, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
+}
+
 void LocalContext::progress_all() noexcept {
   auto* h = header();
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
-  if (qps_pending_.load(std::memory_order_relaxed) == 0 && att == attention_seen_) return;
+  // Every 1024th call, and at most every 200 ms, look for dead peers.
+  bool liveness = false;
+  if ((polls_.fetch_add(1, std::memory_order_relaxed) & 1023) == 0) {
+    uint64_t now = now_ns(), last = last_liveness_ns_.load(std::memory_order_relaxed);
+    liveness = now - last > 200'000'000ull &&
+               last_liveness_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed);
+  }
+  if (qps_pending_.load(std::memory_order_relaxed) == 0 && att == attention_seen_ && !liveness) return;
   std::lock_guard lk(mu_);
   bool attention = att != attention_seen_;
   attention_seen_ = att;
   for (auto& q : qps_) {
     if (!q) continue;
+    if (liveness) check_peer(q.get());
     if (attention && q->state() == IBV_QPS_ERR && !q->rq_flushed) {
       std::lock_guard sq(q->sq_lock);
       flush_qp(q.get());
