@@ -132,6 +132,8 @@ void* LocalContext::resolve_async(uint64_t token) noexcept {
           (table<layout::CqEntry>(layout_.cq_table)[index].generation & 0xffffff) == gen)
         return cqs_[index].user;
       return nullptr;
+    case AsyncKind::kSrq:
+      return srq_user(index, gen);  // srq.cc
     default:
       return nullptr;
   }

@@ -51,6 +51,15 @@ struct WqInfo {
   Ring ring;
 };
 
+// A shared receive queue (srq.cc), as the provider holds it.
+struct SrqInfo {
+  uint32_t index;
+  uint32_t srq_num;
+  uint32_t capacity;  // == max_wr handed back
+  uint32_t max_sge;   // handed back
+  Ring ring;
+};
+
 struct MrInfo {
   uint32_t index;
   uint32_t lkey;
@@ -151,6 +160,33 @@ class LocalContext {
   int create_ind_table(uint32_t log_size, const uint32_t* wq_indices, uint32_t* index, uint32_t* ind_tbl_num) noexcept;
   int destroy_ind_table(uint32_t index) noexcept;
 
+  // Shared receive queues (srq.cc). max_wr and max_sge are rounded up to
+  // powers of two and handed back in *out; the SRQ is created unarmed.
+  int create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, SrqInfo* out) noexcept;
+  // attr_mask: IBV_SRQ_MAX_WR (resizing: not supported, EINVAL) and
+  // IBV_SRQ_LIMIT (arms the limit event; 0 disarms; > max_wr: EINVAL).
+  int modify_srq(uint32_t index, uint32_t attr_mask, uint32_t max_wr, uint32_t srq_limit) noexcept;
+  int query_srq(uint32_t index, uint32_t* max_wr, uint32_t* max_sge, uint32_t* srq_limit) noexcept;
+  int destroy_srq(uint32_t index) noexcept;  // EBUSY while QPs use it
+  // Posts one receive (lock-free). EINVAL: too many SGEs; ENOMEM: full.
+  int post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+  void set_srq_user(uint32_t index, void* user) noexcept;
+
+ private:
+  struct SrqState_ {
+    bool live = false;
+    uint32_t refs = 0;  // QPs attached
+    uint32_t pd = 0;
+    uint64_t ring_off = 0, ring_bytes = 0;
+    SrqInfo info{};
+    void* user = nullptr;  // the application's ibv_srq, for async events
+  };
+  std::vector<SrqState_> srqs_;  // sized on first create_srq
+  // Callers hold mu_. An SRQ a new QP of `pd` may use: live, same PD.
+  bool srq_usable(uint32_t srq, uint32_t pd) const noexcept;
+  void srq_ref(uint32_t srq, int delta) noexcept;
+  void* srq_user(uint32_t index, uint32_t generation) const noexcept;
+
  private:
   LocalContext() = default;
 
@@ -197,6 +233,13 @@ class LocalContext {
 
   // transport.cc
   enum class Exec { kDone, kWait, kError };
+  struct Remote {
+    uint64_t host = 0;        // address in the target process
+    uint8_t* local = nullptr; // the same bytes in this process, when directly reachable
+    bool mapped = false;      // the MR is in the mapped tier (CPU atomics apply)
+  };
+  bool resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
+                      uint64_t len, Remote* out) noexcept;
   Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;

@@ -183,8 +183,18 @@ struct MrEntry {
   uint64_t iova;       // address the keys are valid for (hca_va)
   uint64_t length;
   uint64_t host_addr;  // where the bytes are in the owner's address space
+  // Data mover tier (MrTier). kMapped: the bytes live in a memfd the owner
+  // holds open as fd `memfd`; the region [map_start, map_start + map_len) of
+  // the owner's address space is that memfd from offset 0, so a peer maps it
+  // and reaches host_addr at offset host_addr - map_start.
+  uint32_t tier;
+  int32_t memfd;
+  uint64_t map_start;
+  uint64_t map_len;
 };
-static_assert(sizeof(MrEntry) == 48);
+static_assert(sizeof(MrEntry) == 72);
+
+enum MrTier : uint32_t { kTierCma = 0, kTierMapped = 1 };
 
 inline constexpr uint32_t key_index(uint32_t key) { return key >> 16; }
 

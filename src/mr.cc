@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "context.h"
+#include "mapped.h"
 
 namespace shmrdma {
 
@@ -53,6 +54,22 @@ int check_mapped(uint64_t addr, uint64_t length) {
   return 0;
 }
 
+// Chooses the data-mover tier of an MR (mapped.h) and records it for peers.
+void publish_tier(layout::MrEntry* e, uint64_t addr, uint64_t length) {
+  SharedRegion r;
+  if (share_region(addr, length, &r)) {
+    e->tier = layout::kTierMapped;
+    e->memfd = r.memfd;
+    e->map_start = r.start;
+    e->map_len = r.len;
+  } else {
+    e->tier = layout::kTierCma;
+    e->memfd = -1;
+    e->map_start = 0;
+    e->map_len = 0;
+  }
+}
+
 }  // namespace
 
 int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access,
@@ -90,6 +107,7 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   e->iova = iova;
   e->length = length;
   e->host_addr = addr;
+  publish_tier(e, addr, length);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   pds_[pd].refs += 1;
   *out = MrInfo{i, s.lkey, s.rkey};
@@ -131,6 +149,7 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
   e->iova = next.iova;
   e->length = next.length;
   e->host_addr = next.addr;
+  publish_tier(e, next.addr, next.length);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   if (next.pd != mrs_[index].pd) {
     pds_[mrs_[index].pd].refs -= 1;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "layout.h"
+#include "mapped.h"
 #include "registry.h"
 #include "ring.h"
 #include "segment.h"
@@ -38,6 +39,7 @@ struct Peer {
   std::string async_path;       // the peer's async event FIFO
   int async_fd = -1;            // opened on first use
   std::once_flag async_once_;
+  PeerMappings mappings;        // the peer's mapped-tier MRs we mapped
 
   // Raises an async event in the peer's context (best effort).
   void raise_async(uint32_t event_type, uint64_t token) noexcept;

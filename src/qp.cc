@@ -57,6 +57,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   if (a.pd >= pds_.size() || !pds_[a.pd].live || a.send_cq >= cqs_.size() || !cqs_[a.send_cq].live ||
       a.recv_cq >= cqs_.size() || !cqs_[a.recv_cq].live)
     return EINVAL;
+  if (has_srq && !srq_usable(a.srq, a.pd)) return EINVAL;  // srq.cc: live, same PD
   uint32_t i = 0;
   while (i < qps_.size() && qps_[i]) ++i;
   if (i == qps_.size()) return ENOMEM;
@@ -117,6 +118,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   pds_[a.pd].refs += 1;
   cqs_[a.send_cq].refs += 1;
   cqs_[a.recv_cq].refs += 1;
+  if (has_srq) srq_ref(a.srq, +1);  // destroy_srq: EBUSY while attached
   *out = qp.get();
   qps_[i] = std::move(qp);
   return 0;
@@ -137,6 +139,7 @@ int LocalContext::destroy_qp(Qp* qp) noexcept {
   if (pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
   if (cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;
   if (cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
+  if (qp->srq != layout::kNoIndex) srq_ref(qp->srq, -1);
   qps_[qp->index].reset();
   uncharge(layout::kObjQp);
   return 0;

@@ -5,12 +5,14 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "layout.h"
+#include "mapped.h"
 #include "peer.h"
 #include "ring.h"
 
@@ -152,6 +154,15 @@ struct Qp {
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;
   void* user = nullptr;  // the application's ibv_qp, for async events
+
+  // Mappings of peers' mapped-tier MRs this QP used last (lookups without a lock).
+  struct MapCacheEntry {
+    std::shared_ptr<PeerMapping> map;
+    uint32_t peer_slot = 0, peer_generation = 0;
+    int memfd = -1;
+  };
+  std::array<MapCacheEntry, 4> map_cache{};
+  uint32_t map_cache_next = 0;
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);

@@ -60,21 +60,54 @@ bool consumes_recv(uint32_t op) {
 
 constexpr uint32_t kMaxIov = 2 * limits::kMaxSge;
 
+}  // namespace
+
 // The target's MR for `key` as a key of `kind` (lkey or rkey), checked
-// against the PD, the access it must grant and the range. Returns the host
-// address in the target's address space, or 0.
-uint64_t resolve_remote(const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
-                        uint64_t len) {
+// against the PD, the access it must grant and the range. On success *out
+// has the host address in the target's address space and, when the bytes
+// can be touched directly (the target is this process, or the MR is in the
+// mapped tier and we mapped it), a local pointer to them.
+bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need,
+                                  uint64_t addr, uint64_t len, Remote* out) noexcept {
   layout::MrEntry* e = peer.mr(layout::key_index(key));
-  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return 0;  // A1 pairs with R1
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
+  // One snapshot of the untrusted entry; everything below uses the copy.
   uint32_t k = rkey ? e->rkey : e->lkey;
   uint64_t iova = e->iova, length = e->length, host = e->host_addr;
-  if (k != key || e->pd_index != pd || (e->access & need) != need) return 0;
-  if (addr < iova || len > length || addr - iova > length - len) return 0;
-  return host + (addr - iova);
+  uint32_t tier = e->tier;
+  int memfd = e->memfd;
+  uint64_t map_start = e->map_start, map_len = e->map_len;
+  if (k != key || e->pd_index != pd || (e->access & need) != need) return false;
+  if (addr < iova || len > length || addr - iova > length - len) return false;
+  out->host = host + (addr - iova);
+  out->local = nullptr;
+  out->mapped = false;
+  if (peer.self_process) {
+    out->local = reinterpret_cast<uint8_t*>(out->host);
+    out->mapped = tier == layout::kTierMapped;
+    return true;
+  }
+  if (tier != layout::kTierMapped || out->host < map_start || len > map_len || out->host - map_start > map_len - len)
+    return true;  // CMA
+  // Small per-QP cache of mappings: the common case takes no lock.
+  for (auto& c : qp->map_cache)
+    if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.memfd == memfd &&
+        c.map->start == map_start && c.map->len == map_len) {
+      out->local = c.map->base + (out->host - map_start);
+      out->mapped = true;
+      return true;
+    }
+  std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, memfd, map_start, map_len);
+  if (!m) return true;  // could not map: CMA still works
+  auto& slot = qp->map_cache[qp->map_cache_next++ % qp->map_cache.size()];
+  slot.map = m;
+  slot.peer_slot = peer.slot;
+  slot.peer_generation = peer.generation;
+  slot.memfd = memfd;
+  out->local = m->base + (out->host - map_start);
+  out->mapped = true;
+  return true;
 }
-
-}  // namespace
 
 bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept {
   layout::CqEntry* e = peer.cq(cq_index);
@@ -179,10 +212,12 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
       (void)push_cqe(qp->recv_cq, c);
     }
   }
+  const bool first_flush = !qp->rq_flushed;
   qp->rq_flushed = true;
   // A QP on an SRQ reports that no more receives will complete on it
-  // (IBV_EVENT_QP_LAST_WQE_REACHED), which consumers wait for on teardown.
-  if (qp->srq != layout::kNoIndex)
+  // (IBV_EVENT_QP_LAST_WQE_REACHED), which consumers wait for on teardown:
+  // once per entry into the error state. The SRQ itself is not flushed.
+  if (qp->srq != layout::kNoIndex && first_flush)
     raise_async(IBV_EVENT_QP_LAST_WQE_REACHED, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
 }
 
@@ -253,9 +288,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   }
   const uint64_t len = s->length;
 
-  auto remote_access = [&](uint32_t need, uint64_t bytes) -> uint64_t {
-    if ((taccess & need) != need) return 0;
-    return resolve_remote(peer, s->rkey, true, tpd, need, s->remote_addr, bytes);
+  Remote rm;
+  auto remote_access = [&](uint32_t need, uint64_t bytes) -> bool {
+    if ((taccess & need) != need) return false;
+    return resolve_remote(qp, peer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm);
   };
   auto move_failed = [&](int rc) -> Exec {
     *status = (rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR;
@@ -265,55 +301,66 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   // One-sided data movement first (WRITE, WRITE_WITH_IMM, READ, atomics).
   if (s->opcode == IBV_WR_RDMA_WRITE || s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
-      uint64_t host = remote_access(IBV_ACCESS_REMOTE_WRITE, len);
-      if (!host) {
+      if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) {
         *status = IBV_WC_REM_ACCESS_ERR;
         return Exec::kError;
       }
-      IoVec remote{reinterpret_cast<void*>(host), len};
-      if (int rc = move_out(peer.pid, peer.self_process, local, nlocal, &remote, 1, true)) return move_failed(rc);
+      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_out(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
     }
   } else if (s->opcode == IBV_WR_RDMA_READ) {
     if (len) {
-      uint64_t host = remote_access(IBV_ACCESS_REMOTE_READ, len);
-      if (!host) {
+      if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) {
         *status = IBV_WC_REM_ACCESS_ERR;
         return Exec::kError;
       }
-      IoVec remote{reinterpret_cast<void*>(host), len};
-      if (int rc = move_in(peer.pid, peer.self_process, local, nlocal, &remote, 1)) return move_failed(rc);
+      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_in(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
     }
   } else if (is_atomic(s->opcode)) {
     if (s->remote_addr % 8) {
       *status = IBV_WC_REM_INV_REQ_ERR;
       return Exec::kError;
     }
-    uint64_t host = remote_access(IBV_ACCESS_REMOTE_ATOMIC, 8);
-    if (!host) {
+    if (!remote_access(IBV_ACCESS_REMOTE_ATOMIC, 8)) {
       *status = IBV_WC_REM_ACCESS_ERR;
       return Exec::kError;
     }
-    uint32_t stripe = static_cast<uint32_t>((host >> 3) ^ static_cast<uint64_t>(peer.pid) * 0x9e3779b9u);
-    if (registry_.lock_atomic(stripe) != 0) {
-      *status = IBV_WC_REM_OP_ERR;
-      return Exec::kError;
-    }
-    uint64_t old = 0, next = 0;
-    IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(host), 8};
-    int rc = move_in(peer.pid, peer.self_process, &mine, 1, &theirs, 1);
-    if (rc == 0) {
-      bool store = true;
+    uint64_t old = 0;
+    if (rm.mapped) {
+      // Every peer of a mapped-tier MR reaches it through a mapping, so CPU
+      // atomics are atomic with respect to all RDMA atomics on it.
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(rm.local));
       if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
-        store = old == s->compare_add;
-        next = s->swap;
+        old = s->compare_add;
+        word.compare_exchange_strong(old, s->swap, std::memory_order_acq_rel, std::memory_order_acquire);
       } else {
-        next = old + s->compare_add;
+        old = word.fetch_add(s->compare_add, std::memory_order_acq_rel);
       }
-      IoVec nv{&next, 8};
-      if (store) rc = move_out(peer.pid, peer.self_process, &nv, 1, &theirs, 1, false);
+    } else {
+      // CMA tier: read-modify-write under the device's striped atomic lock.
+      uint32_t stripe = static_cast<uint32_t>((rm.host >> 3) ^ static_cast<uint64_t>(peer.pid) * 0x9e3779b9u);
+      if (registry_.lock_atomic(stripe) != 0) {
+        *status = IBV_WC_REM_OP_ERR;
+        return Exec::kError;
+      }
+      uint64_t next = 0;
+      IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
+      int rc = move_in(peer.pid, peer.self_process, &mine, 1, &theirs, 1);
+      if (rc == 0) {
+        bool store = true;
+        if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+          store = old == s->compare_add;
+          next = s->swap;
+        } else {
+          next = old + s->compare_add;
+        }
+        IoVec nv{&next, 8};
+        if (store) rc = move_out(peer.pid, peer.self_process, &nv, 1, &theirs, 1, false);
+      }
+      registry_.unlock_atomic(stripe);
+      if (rc) return move_failed(rc);
     }
-    registry_.unlock_atomic(stripe);
-    if (rc) return move_failed(rc);
     std::memcpy(local[0].base, &old, 8);
   }
 
@@ -325,8 +372,9 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   // Two-sided: take the target's next receive WQE (its RQ or its SRQ).
   Ring rq;
   uint32_t rq_max_sge = 0;
+  layout::SrqEntry* se = nullptr;
   if (t->srq_index != layout::kNoIndex) {
-    layout::SrqEntry* se = peer.srq(t->srq_index);
+    se = peer.srq(t->srq_index);
     if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
         !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq)) {
       *status = IBV_WC_REM_OP_ERR;
@@ -366,6 +414,13 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   uint32_t rn = std::min(h.num_sge, rq_max_sge);
   std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
   rq.release(claimed.handle);
+  // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
+  // exchange disarms it, so each arming raises one event.
+  if (se) {
+    uint32_t lim = se->limit.load(std::memory_order_relaxed);
+    if (lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel))
+      peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, t->srq_index, se->generation));
+  }
 
   layout::Cqe rc_cqe{};
   rc_cqe.wr_id = h.wr_id;
@@ -393,20 +448,26 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
 
   if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
     // Scatter into the receive buffers, checked against the target's MRs.
-    IoVec remote[limits::kMaxSge];
+    IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
     uint32_t nremote = 0;
     uint64_t room = 0, need = len;
+    bool direct = true;  // every receive buffer is reachable with memcpy
     for (uint32_t k = 0; k < rn && need; ++k) {
       uint64_t take = std::min<uint64_t>(rsge[k].length, need);
       if (take == 0) continue;
-      uint64_t host = resolve_remote(peer, rsge[k].lkey, false, tpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take);
-      if (!host) return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
-      remote[nremote++] = {reinterpret_cast<void*>(host), take};
+      Remote r;
+      if (!resolve_remote(qp, peer, rsge[k].lkey, false, tpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+      direct_iov[nremote] = {r.local, take};
+      host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
+      ++nremote;
+      direct = direct && r.local;
       room += take;
       need -= take;
     }
     if (room < len) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
-    if (int rc = move_out(peer.pid, peer.self_process, local, nlocal, remote, nremote, false)) {
+    const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
+    if (int rc = move_out(peer.pid, direct, local, nlocal, remote, nremote, false)) {
       if (rc == ESRCH || rc == EPERM) return move_failed(rc);
       return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
     }
