@@ -43,8 +43,16 @@ void HeapAllocator::release(uint64_t offset, uint64_t size) noexcept {
   if (size == 0) return;
   size = round(size);
   try {
+    // A block that overlaps free space is a double release (possibly of a
+    // block already merged with a neighbour): ignore it, keep the map sane.
+    auto above = free_.lower_bound(offset);
+    if (above != free_.end() && above->first < offset + size) return;
+    if (above != free_.begin()) {
+      auto below = std::prev(above);
+      if (below->first + below->second > offset) return;
+    }
     auto [it, inserted] = free_.emplace(offset, size);
-    if (!inserted) return;  // double free: keep the map consistent, ignore
+    if (!inserted) return;
     free_bytes_ += size;
     auto next = std::next(it);
     if (next != free_.end() && it->first + it->second == next->first) {
