@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "channel.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -32,9 +33,18 @@ void copy_slot(const ContextSlot& s, uint32_t index, ContextInfo* out) {
   std::memcpy(out->held, s.held, sizeof out->held);
 }
 
+// ".chan<digits>": a completion channel FIFO (channel.h).
+bool is_channel_suffix(const char* p) {
+  const size_t n = std::strlen(kChannelSuffix);
+  if (std::strncmp(p, kChannelSuffix, n) != 0 || !p[n]) return false;
+  for (p += n; *p; ++p)
+    if (*p < '0' || *p > '9') return false;
+  return true;
+}
+
 // A file a context creates: ctx-<digits>-<digits>, optionally followed by
-// ".async" (its async event FIFO). *base_len receives the length of the
-// ctx-<slot>-<generation> part.
+// ".async" (its async event FIFO) or ".chan<digits>" (a completion channel).
+// *base_len receives the length of the ctx-<slot>-<generation> part.
 bool is_context_file(const char* name, size_t* base_len = nullptr) {
   if (std::strncmp(name, "ctx-", 4) != 0) return false;
   const char* p = name + 4;
@@ -43,7 +53,7 @@ bool is_context_file(const char* name, size_t* base_len = nullptr) {
     if (*p == '-') ++dashes;
     else if (*p < '0' || *p > '9') return false;
   }
-  if (*p && std::strcmp(p, kAsyncSuffix) != 0) return false;
+  if (*p && std::strcmp(p, kAsyncSuffix) != 0 && !is_channel_suffix(p)) return false;
   if (base_len) *base_len = static_cast<size_t>(p - name);
   return dashes == 1;
 }
@@ -167,12 +177,17 @@ int Registry::charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, u
   ContextSlot& mine = seg()->contexts[slot];
   if (mine.generation != generation || mine.state.load(std::memory_order_relaxed) != layout::kLive)
     return EIO;  // our slot was taken from us: someone thought we were dead
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
-    const ContextSlot& s = seg()->contexts[i];
-    if (s.state.load(std::memory_order_relaxed) == layout::kLive) total += s.held[kind];
-  }
-  if (total >= limit) return ENOMEM;
+  auto held = [&] {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+      const ContextSlot& s = seg()->contexts[i];
+      if (s.state.load(std::memory_order_relaxed) == layout::kLive) total += s.held[kind];
+    }
+    return total;
+  };
+  // At the limit, objects of processes that died may still be counted:
+  // reclaim them before refusing.
+  if (held() >= limit && (reclaim_locked(nullptr) == 0 || held() >= limit)) return ENOMEM;
   mine.held[kind] += 1;
   return 0;
 }
