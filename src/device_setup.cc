@@ -184,6 +184,17 @@ void ensure_cdev(const DevicePaths& p, UpResult* out) {
                    std::to_string(kCdevMinor);
 }
 
+// Attaches to the registry, giving a concurrent creator up to two seconds to
+// publish it (a registry that stays unpublished longer lost its creator).
+int attach_settled(const DevicePaths& p, Registry* reg) {
+  int rc = Registry::attach(p, reg);
+  for (int i = 0; i < 200 && rc == EAGAIN; ++i) {
+    ::usleep(10000);
+    rc = Registry::attach(p, reg);
+  }
+  return rc;
+}
+
 }  // namespace
 
 std::string guid_string(uint64_t guid) {
@@ -227,7 +238,7 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     return rc;
   }
   Registry reg;
-  int rc = Registry::attach(p, &reg);
+  int rc = attach_settled(p, &reg);
   if (rc == EPROTO || rc == EAGAIN) {
     // A registry of another layout version, or one whose creator died before
     // publishing it: nothing can use it, so it is replaced.
@@ -261,7 +272,7 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
       d.ports[i].port_guid = d.node_guid + i + 1;
     }
     rc = Registry::create(p, d, &reg);
-    if (rc == EEXIST) rc = Registry::attach(p, &reg);  // someone else won the race
+    if (rc == EEXIST) rc = attach_settled(p, &reg);  // someone else won the race
     if (rc) {
       *why = "cannot create the registry " + p.registry + ": " + std::strerror(rc);
       return rc;

@@ -78,9 +78,17 @@ int Mapping::attach(const std::string& path, layout::SegmentKind kind, uint64_t 
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return errno;
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) < sizeof(layout::SegmentHeader) ||
-      st.st_uid != ::geteuid()) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return EPROTO;
+  }
+  if (st.st_size == 0) {
+    // Created (O_EXCL) but not sized yet: its creator is between open and
+    // ftruncate. Like an unpublished segment, it is not ready.
+    ::close(fd);
+    return EAGAIN;
+  }
+  if (static_cast<uint64_t>(st.st_size) < sizeof(layout::SegmentHeader)) {
     ::close(fd);
     return EPROTO;
   }

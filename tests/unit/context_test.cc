@@ -134,6 +134,22 @@ TEST_F(ContextTest, OpenOnADeviceThatIsNotUp) {
   EXPECT_EQ(c, nullptr);
 }
 
+TEST_F(ContextTest, FailedOpenLeavesNothingBehind) {
+  // A heap no file system or address space can hold: the segment cannot be
+  // created or mapped, and the registry slot taken for it is given back.
+  auto files = [&] {
+    size_t n = 0;
+    for (auto& e : fs::directory_iterator(paths_.device_dir)) n += e.path().filename() != "registry";
+    return n;
+  };
+  size_t files_before = files();
+  std::unique_ptr<LocalContext> c;
+  EXPECT_NE(LocalContext::open(paths_, uint64_t{1} << 50, &c), 0);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(files(), files_before);
+  EXPECT_EQ(ctx_->registry().live_contexts().size(), 1u) << "only ours";
+}
+
 TEST_F(ContextTest, PdCreateDestroy) {
   uint32_t a = pd(), b = pd();
   EXPECT_NE(a, b);
@@ -519,6 +535,60 @@ TEST_F(ContextTest, InspectRejectsAForeignSegment) {
   wrong = info;
   wrong.segment = "registry";  // a segment of another kind
   EXPECT_EQ(inspect_context(paths_, wrong, &o), EPROTO);
+}
+
+TEST_F(ContextTest, InspectRejectsCorruptGeometry) {
+  ContextInfo info{};
+  ASSERT_TRUE(my_info(*ctx_, &info));
+  Mapping raw;  // a second view of our own segment, as a corrupt peer would scribble it
+  ASSERT_EQ(Mapping::attach(ctx_->segment_path(), layout::SegmentKind::kContext, 0, &raw), 0);
+  auto* h = static_cast<layout::ContextHeader*>(raw.base());
+  ContextObjects o;
+  const uint64_t wq_table = h->wq_table;
+  h->wq_table = raw.size();  // would read past the end
+  EXPECT_EQ(inspect_context(paths_, info, &o), EPROTO);
+  h->wq_table = wq_table;
+  const uint32_t pd_slots = h->pd_slots;
+  h->pd_slots = ~0u;
+  EXPECT_EQ(inspect_context(paths_, info, &o), EPROTO);
+  h->pd_slots = pd_slots;
+  EXPECT_EQ(inspect_context(paths_, info, &o), 0);
+}
+
+TEST_F(ContextTest, InspectOfATooSmallSegment) {
+  // A published context segment smaller than the fixed tables: the heap size
+  // an inspector derives from the file size must not wrap around.
+  std::string path = paths_.device_dir + "/ctx-250-1";
+  {
+    Mapping m;
+    ASSERT_EQ(Mapping::create(path, 8192, layout::SegmentKind::kContext, &m), 0);
+    m.publish();
+  }
+  ContextInfo info{};
+  info.pid = static_cast<uint32_t>(::getpid());
+  info.segment = "ctx-250-1";
+  ContextObjects o;
+  EXPECT_EQ(inspect_context(paths_, info, &o), EPROTO);
+  ::unlink(path.c_str());
+}
+
+TEST_F(ContextTest, InspectClampsAGarbageWqState) {
+  uint32_t p = pd();
+  CqInfo c = cq();
+  WqInfo w = wq(p, c.index);
+  Mapping raw;
+  ASSERT_EQ(Mapping::attach(ctx_->segment_path(), layout::SegmentKind::kContext, 0, &raw), 0);
+  layout::ContextLayout l = layout::compute_context_layout(kHeap);
+  auto* e = raw.at<layout::WqEntry>(l.wq_table) + w.index;
+  ASSERT_EQ(e->wq_num, w.wq_num);
+  e->wq_state.store(99);
+  EXPECT_EQ(ctx_->wq_state(w.index), WqState::kUnknown);
+  ContextObjects o = inspect(*ctx_);
+  ASSERT_EQ(o.wq_list.size(), 1u);
+  EXPECT_EQ(o.wq_list[0].state, static_cast<uint32_t>(WqState::kUnknown));
+  // Posting to a WQ whose shared state is garbage is refused, not crashed.
+  EXPECT_EQ(post(w, 1), EINVAL);
+  e->wq_state.store(static_cast<uint32_t>(WqState::kReset));
 }
 
 TEST_F(ContextTest, HeapExhaustionLeaksNothing) {

@@ -9,6 +9,7 @@
 
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -243,6 +244,57 @@ TEST_F(DeviceSetupTest, UpIsIdempotentAndRepairs) {
   EXPECT_EQ(slurp(p.ibdev_dir + "/ports/1/gids/0"), "fe80:0000:0000:0000:" + guid_string(record(name).ports[0].port_guid));
 }
 
+// BUG (see report): device_up treats a registry that fails to attach with
+// EAGAIN (not yet published) or EPROTO (size still 0 right after the O_EXCL
+// create) as left over by a dead creator and unlinks it. When several
+// processes bring the same device up at once (two `shmrdma up`, scripts, a
+// service), a creator that is still filling its registry has the file
+// removed under it: other callers fail with "cannot create the registry:
+// Resource temporarily unavailable / Protocol error", and the sysfs tree
+// (node_guid, GIDs) written by one process can disagree with the registry
+// that survives, created by another.
+TEST_F(DeviceSetupTest, ConcurrentUpOfOneDeviceAgrees) {
+  std::string name = fresh();
+  DevicePaths p = device_paths(home_, name);
+  int failed_calls = 0, mismatches = 0;
+  for (int round = 0; round < 10; ++round) {
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    std::vector<pid_t> kids;
+    for (int k = 0; k < 4; ++k) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(go[1]);
+        char c;
+        (void)::read(go[0], &c, 1);  // all start together
+        UpResult r;
+        std::string why;
+        ::_exit(device_up(home_, name, 1, &r, &why) == 0 ? 0 : 1);
+      }
+      ASSERT_GT(pid, 0);
+      kids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::usleep(2000);
+    ::close(go[1]);
+    for (pid_t pid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      failed_calls += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    Registry r;
+    ASSERT_EQ(Registry::attach(p, &r), 0) << "round " << round;
+    const layout::DeviceRecord& d = r.device();
+    if (slurp(p.ibdev_dir + "/node_guid") != guid_string(d.node_guid) ||
+        slurp(p.ibdev_dir + "/ports/1/gids/0") != "fe80:0000:0000:0000:" + guid_string(d.ports[0].port_guid))
+      ++mismatches;
+    std::string why;
+    ASSERT_EQ(device_down(home_, name, true, &why), 0) << why;
+  }
+  EXPECT_EQ(failed_calls, 0) << "concurrent device_up calls failed";
+  EXPECT_EQ(mismatches, 0) << "rounds where sysfs and the registry disagree on the node GUID";
+}
+
 TEST_F(DeviceSetupTest, UpWithAnotherPortCountIsRefused) {
   std::string name = fresh();
   ASSERT_EQ(up(name, 2), 0);
@@ -359,6 +411,28 @@ TEST_F(DeviceSetupTest, DownRefusesWhileAContextIsOpen) {
   ctx.reset();  // closing after a forced down must not crash
   // Down of a device that is not up.
   EXPECT_EQ(device_down(home_, name, false, &why), ENOENT);
+}
+
+TEST_F(DeviceSetupTest, DownIgnoresContextsOfDeadProcesses) {
+  std::string name = fresh();
+  ASSERT_EQ(up(name), 0);
+  DevicePaths p = device_paths(home_, name);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::unique_ptr<LocalContext> ctx;
+    if (LocalContext::open(p, 1 << 20, &ctx) != 0) ::_exit(1);
+    ::_exit(0);  // dies without closing it
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  size_t files = 0;
+  for (auto& e : fs::directory_iterator(p.device_dir)) files += e.path().filename().string().rfind("ctx-", 0) == 0;
+  EXPECT_GE(files, 1u) << "the dead context left its segment behind";
+  std::string why;
+  EXPECT_EQ(device_down(home_, name, false, &why), 0) << why;
+  EXPECT_FALSE(fs::exists(p.device_dir));
 }
 
 TEST_F(DeviceSetupTest, DownSucceedsOnceContextsAreClosed) {

@@ -312,8 +312,6 @@ TEST_F(RegistryTest, ReclaimFreesTheSlotOfADeadProcess) {
   EXPECT_EQ(seg()->contexts[c.slot.slot].state.load(), layout::kLive);
   EXPECT_EQ(seg()->contexts[c.slot.slot].pid, static_cast<uint32_t>(c.pid));
   ASSERT_TRUE(fs::exists(seg_path(c.slot.segment)));
-  // Its PD still counts until then.
-  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjPd, 1), ENOMEM);
 
   std::vector<ContextInfo> gone;
   EXPECT_EQ(reg_.reclaim_dead(&gone), 1);
@@ -327,6 +325,7 @@ TEST_F(RegistryTest, ReclaimFreesTheSlotOfADeadProcess) {
   EXPECT_FALSE(fs::exists(seg_path(c.slot.segment + kAsyncSuffix))) << "and its async FIFO";
   EXPECT_EQ(seg()->contexts[c.slot.slot].state.load(), layout::kFree);
   EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjPd, 1), 0) << "its charges are gone";
+  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjPd, 1), ENOMEM);
 
   // Ours is untouched.
   EXPECT_TRUE(fs::exists(seg_path(mine.segment)));
@@ -335,6 +334,31 @@ TEST_F(RegistryTest, ReclaimFreesTheSlotOfADeadProcess) {
   ASSERT_EQ(live.size(), 1u);
   EXPECT_EQ(live[0].slot, mine.slot);
   EXPECT_EQ(reg_.reclaim_dead(), 0) << "nothing left to reclaim";
+}
+
+TEST_F(RegistryTest, ChargeAtTheLimitReclaimsDeadContextsFirst) {
+  Slot mine = reg_context(reg_);
+  ChildContext c = fork_registered_child(paths_, false);  // holds one PD, then dies
+  ASSERT_GT(c.pid, 0);
+  ::close(c.release_fd);
+  ASSERT_EQ(reap(c.pid), 0);
+  ASSERT_LT(c.slot.slot, limits::kMaxContexts);
+  ASSERT_EQ(seg()->contexts[c.slot.slot].held[layout::kObjPd], 1u);
+  // The dead process's PD would reach the limit of 1; it must not count.
+  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjPd, 1), 0);
+  EXPECT_EQ(seg()->contexts[c.slot.slot].state.load(), layout::kFree);
+  EXPECT_FALSE(fs::exists(seg_path(c.slot.segment)));
+  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjPd, 1), ENOMEM) << "live charges still count";
+  // The same for a forged reused pid.
+  ContextSlot& s = seg()->contexts[201];
+  s.pid = static_cast<uint32_t>(::getpid());
+  s.start_time = process_start_time(::getpid()) + 7;
+  s.generation = 1;
+  std::snprintf(s.segment, sizeof s.segment, "ctx-201-1");
+  s.held[layout::kObjCq] = 2;
+  s.state.store(layout::kLive, std::memory_order_release);
+  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjCq, 2), 0);
+  EXPECT_EQ(s.state.load(), layout::kFree);
 }
 
 TEST_F(RegistryTest, ReclaimDoesNotTouchLiveProcesses) {
@@ -376,7 +400,6 @@ TEST_F(RegistryTest, ReusedPidWithAnotherStartTimeCountsAsDead) {
   s.held[layout::kObjMr] = 4;
   s.state.store(layout::kLive, std::memory_order_release);
   touch("ctx-200-5");
-  EXPECT_EQ(reg_.charge(mine.slot, mine.generation, layout::kObjMr, 4), ENOMEM);
 
   std::vector<ContextInfo> gone;
   EXPECT_EQ(reg_.reclaim_dead(&gone), 1);
