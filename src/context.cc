@@ -59,6 +59,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   rc = create_async_fifo(c->map_.path() + kAsyncSuffix, &c->async_read_fd_, &c->async_write_fd_);
   if (rc) return rc;  // the destructor removes the segment and the slot
   c->self_peer_.async_path = c->map_.path() + kAsyncSuffix;
+  c->self_peer_.segment_path = c->map_.path();
   c->self_peer_.slot = c->slot_;
   c->self_peer_.generation = c->generation_;
   c->self_peer_.pid = self_process().pid;
@@ -73,6 +74,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 }
 
 LocalContext::~LocalContext() {
+  close_channels();  // cq.cc: channel FIFOs the application did not destroy
   if (async_read_fd_ >= 0) ::close(async_read_fd_);
   if (async_write_fd_ >= 0) ::close(async_write_fd_);
   if (map_.base()) {

@@ -107,7 +107,34 @@ class LocalContext {
 
   // Completion queues. `cqe` is rounded up to a power of two.
   int create_cq(uint32_t cqe, CqInfo* out) noexcept;
+  // With a completion channel (its number from create_channel, or kNoIndex)
+  // and layout::CqFlags.
+  int create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqInfo* out) noexcept;
   int destroy_cq(uint32_t index) noexcept;  // EBUSY while WQs/QPs use it
+  // Moves the CQ to a ring of at least `cqe` entries, keeping the queued
+  // completions in order while peers keep producing (see cq.cc). EINVAL when
+  // more completions are queued than the new ring holds. The caller
+  // serialises this with its polls of the CQ and updates its CqInfo.
+  int resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept;
+  // Arms the CQ: the next completion (solicited_only: the next solicited or
+  // error completion) writes an event token to its channel.
+  int arm_cq(uint32_t index, bool solicited_only) noexcept;
+
+  // Completion channels (channel.h). create_channel makes the FIFO and hands
+  // back its blocking read end (the caller owns it) and the channel number.
+  int create_channel(int* read_fd, uint32_t* number) noexcept;
+  int destroy_channel(uint32_t number) noexcept;  // EBUSY while CQs use it
+  uint32_t channel_by_fd(int fd) const noexcept;  // kNoIndex if not ours
+  // Reads tokens from channel `number` (read end `fd`) until one names a CQ
+  // event: returns 0 with *cq_user (set_cq_user's pointer), on which
+  // on_event ran under the context's lock (so a destroy_cq that follows
+  // sees it). Progress tokens run progress_all; while sends wait, a blocking
+  // wait wakes up regularly to retry them. Returns an errno (EAGAIN on a
+  // non-blocking fd with nothing to report, EINTR, ...).
+  int get_channel_event(uint32_t number, int fd, void** cq_user, void (*on_event)(void*)) noexcept;
+  // After a receive was posted to `qp`: wakes an initiator that waits for
+  // one (QpEntry::initiator_waiting) with a progress token.
+  void wake_initiator(Qp* qp) noexcept;
   // Pops up to `n` completions (single consumer: the caller serialises polls
   // of one CQ). Returns the number popped.
   int poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept;
@@ -198,8 +225,11 @@ class LocalContext {
     CqInfo info{};
     void* user = nullptr;
     std::atomic<bool> overrun_reported{false};
+    uint32_t channel = layout::kNoIndex;  // CqEntry channel value
+    uint32_t flags = 0;                   // layout::CqFlags
     CqState() = default;
     CqState& operator=(const CqState& o) {
+      channel = o.channel; flags = o.flags;
       live = o.live; refs = o.refs; ring_off = o.ring_off; ring_bytes = o.ring_bytes; info = o.info; user = o.user;
       overrun_reported.store(o.overrun_reported.load(std::memory_order_relaxed), std::memory_order_relaxed);
       return *this;
@@ -246,6 +276,12 @@ class LocalContext {
   void check_peer(Qp* qp) noexcept;
   void flush_qp(Qp* qp) noexcept;
   bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept;
+  // cq.cc: the producer protocol of CqEntry shared by push_cqe and push_peer_cqe.
+  enum class Push { kOk, kFull, kGone };
+  Push push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, bool* fire) noexcept;
+  struct ChanState { bool live = false; uint32_t generation = 0, refs = 0; int read_fd = -1, write_fd = -1; };
+  std::vector<ChanState> chans_;  // sized on first create_channel (under mu_), never resized
+  void close_channels() noexcept;
   int qp_charge_and_slot(uint32_t* index) noexcept;
 
   mutable std::mutex mu_;

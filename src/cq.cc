@@ -1,24 +1,302 @@
 // Completion queues of a context: a ring of Cqe in the context segment. Many
 // producers (this process and peers), one consumer (this process's poller).
+//
+// Producer protocol (every push, the owner's own and a peer's, on CqEntry):
+//   P1  producers.fetch_add(1) (seq_cst), then load resizing and state
+//       (seq_cst): when a resize is in progress or the CQ is being
+//       destroyed, undo the increment and back off (bounded).
+//   P2  read the ring geometry from the CqEntry, validate it (Peer::ring),
+//       push the CQE.
+//   P3  producers.fetch_sub(1) (release).
+//   P4  fence (seq_cst), load notify: when the CQ is armed and the CQE
+//       qualifies (solicited_only: a solicited or an error completion), CAS
+//       notify to kNotifyNone; the producer whose CAS wins writes one event
+//       token to the CQ's completion channel (channel.h). A token that cannot
+//       be written puts the arming back.
+//
+// Resize (owner, serialised with its polls): resizing = 1 (seq_cst), wait
+// until producers == 0. Dekker with P1: either the owner sees a producer's
+// increment and waits for its P3, or the producer sees resizing and backs
+// off, so once the owner saw 0 no push is in progress and none can start.
+// Then it moves the queued CQEs in order into the new ring, writes the new
+// geometry and stores resizing = 0 with release (a producer whose P1 load
+// sees 0 then reads the new geometry), and frees the old ring. Destroy uses
+// the same handshake on `state`, so no push writes into a freed ring.
+//
+// Arming (owner): raise notify to the requested mode with a CAS, then a
+// seq_cst fence. With P4 this is the usual "no lost event" pairing: a
+// completion pushed concurrently with the arming is either seen by the poll
+// the application makes after arming, or its producer sees the arming.
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "async.h"
+#include "channel.h"
 #include "context.h"
 
 namespace shmrdma {
 
 namespace {
+
 constexpr uint32_t kCqeStride =
     static_cast<uint32_t>(layout::align_up(kRingSlotHeaderBytes + sizeof(layout::Cqe), layout::kCacheLine));
+
+// How long a producer waits for the owner's resize, and the owner for the
+// pushes in progress (a producer that died mid-push never finishes).
+constexpr uint64_t kQuiesceWaitNs = 2'000'000'000ull;
+// A blocked ibv_get_cq_event retries waiting sends this often (the
+// transport's timer; progress tokens usually wake it sooner).
+constexpr int kRetryPollMs = 2;
+
+uint64_t mono_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void backoff(unsigned i) {
+  if (i < 64) {
+    __builtin_ia32_pause();
+  } else if (i < 256) {
+    sched_yield();
+  } else {
+    timespec ts{0, 50'000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+// Waits (bounded) until no push is in progress on `e`. True when drained.
+bool wait_producers(layout::CqEntry* e) {
+  uint64_t start = 0;
+  for (unsigned i = 0;; ++i) {
+    if (e->producers.load(std::memory_order_seq_cst) == 0) return true;
+    if (!start) start = mono_ns();
+    else if (mono_ns() - start > kQuiesceWaitNs) return false;
+    backoff(i);
+  }
+}
+
+bool qualifies(uint32_t mode, const layout::Cqe& c) {
+  if (mode == layout::kNotifyNext) return true;
+  return mode == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || c.status != kWcSuccess);
+}
+
+// P4. Returns the mode this producer took (kNotifyNone: nothing to fire).
+uint32_t take_notify(layout::CqEntry* e, const layout::Cqe& c) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in arm_cq
+  uint32_t m = e->notify.load(std::memory_order_relaxed);
+  for (int i = 0; i < 16; ++i) {
+    if (!qualifies(m, c)) return layout::kNotifyNone;  // unarmed, or garbage from a corrupt peer
+    if (e->notify.compare_exchange_weak(m, layout::kNotifyNone, std::memory_order_relaxed,
+                                        std::memory_order_relaxed))
+      return m;
+  }
+  return layout::kNotifyNone;
+}
+
+// The token could not be written: arm again, unless someone re-armed or fired.
+void rearm(layout::CqEntry* e, uint32_t mode) {
+  uint32_t none = layout::kNotifyNone;
+  e->notify.compare_exchange_strong(none, mode, std::memory_order_relaxed, std::memory_order_relaxed);
+}
+
 }  // namespace
 
+// ---------------------------------------------------------- channel FIFOs
+
+int open_channel_writer(const std::string& path) noexcept {
+  int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -1;
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool write_channel_token(int fd, uint64_t token) noexcept {
+  if (fd < 0) return false;
+  // 8 bytes < PIPE_BUF: atomic, never interleaved with another writer's.
+  return ::write(fd, &token, sizeof token) == static_cast<ssize_t>(sizeof token);
+}
+
+bool Peer::notify_channel(uint32_t channel, uint64_t token) noexcept {
+  if (channel == layout::kNoIndex) return false;
+  const uint32_t n = chan_number(channel);
+  if (n >= kMaxChannels || segment_path.empty()) return false;
+  try {
+    std::lock_guard lk(chan_mu_);
+    auto& slot = chan_fds_.try_emplace(n, 0u, -1).first->second;
+    if (slot.second >= 0 && slot.first != channel) {
+      // The owner destroyed that channel and made a new one with its number.
+      ::close(slot.second);
+      slot.second = -1;
+    }
+    if (slot.second < 0) {
+      slot.second = open_channel_writer(channel_path(segment_path, n));
+      slot.first = channel;
+    }
+    return write_channel_token(slot.second, token);
+  } catch (...) {
+    return false;
+  }
+}
+
+int LocalContext::create_channel(int* read_fd, uint32_t* number) noexcept {
+  std::lock_guard lk(mu_);
+  if (chans_.empty()) {
+    try {
+      chans_.resize(kMaxChannels);
+    } catch (...) {
+      return ENOMEM;
+    }
+  }
+  uint32_t n = 0;
+  while (n < chans_.size() && chans_[n].live) ++n;
+  if (n == chans_.size()) return EMFILE;
+  std::string path;
+  try {
+    path = channel_path(map_.path(), n);
+  } catch (...) {
+    return ENOMEM;
+  }
+  ::unlink(path.c_str());  // left over if an earlier unlink failed
+  int r = -1, w = -1;
+  if (int rc = create_async_fifo(path, &r, &w)) return rc;  // same FIFO semantics as the async one
+  ChanState& c = chans_[n];
+  c.live = true;
+  c.generation += 1;
+  c.refs = 0;
+  c.read_fd = r;
+  c.write_fd = w;
+  *read_fd = r;
+  *number = n;
+  return 0;
+}
+
+int LocalContext::destroy_channel(uint32_t number) noexcept {
+  std::lock_guard lk(mu_);
+  if (number >= chans_.size() || !chans_[number].live) return EINVAL;
+  ChanState& c = chans_[number];
+  if (c.refs) return EBUSY;
+  ::close(c.write_fd);
+  ::unlink(channel_path(map_.path(), number).c_str());
+  c.live = false;
+  c.read_fd = c.write_fd = -1;
+  return 0;
+}
+
+uint32_t LocalContext::channel_by_fd(int fd) const noexcept {
+  std::lock_guard lk(mu_);
+  for (uint32_t n = 0; n < chans_.size(); ++n)
+    if (chans_[n].live && chans_[n].read_fd == fd) return n;
+  return layout::kNoIndex;
+}
+
+void LocalContext::close_channels() noexcept {
+  for (uint32_t n = 0; n < chans_.size(); ++n) {
+    if (!chans_[n].live) continue;
+    ::close(chans_[n].write_fd);
+    if (map_.base()) ::unlink(channel_path(map_.path(), n).c_str());
+    chans_[n].live = false;
+  }
+}
+
+int LocalContext::get_channel_event(uint32_t number, int fd, void** cq_user, void (*on_event)(void*)) noexcept {
+  for (;;) {
+    if (qps_pending_.load(std::memory_order_relaxed)) {
+      // Sends wait (for a receive, for the target): retry them regularly
+      // while we block, as the transport's timers would.
+      int fl = ::fcntl(fd, F_GETFL);
+      if (fl >= 0 && !(fl & O_NONBLOCK)) {
+        pollfd p{fd, POLLIN, 0};
+        int k = ::poll(&p, 1, kRetryPollMs);
+        if (k < 0) return errno;
+        if (k == 0) {
+          progress_all();
+          continue;
+        }
+      }
+    }
+    uint64_t tok = 0;
+    ssize_t n = ::read(fd, &tok, sizeof tok);
+    if (n < 0) return errno;
+    if (n == 0) return EIO;  // cannot happen while we hold a write end
+    if (n != sizeof tok) continue;  // a torn token from a corrupt writer: dropped
+    switch (chan_token_kind(tok)) {
+      case ChanKind::kProgress:
+        progress_all();
+        continue;
+      case ChanKind::kEvent: {
+        const uint32_t index = chan_token_index(tok), gen = chan_token_generation(tok);
+        std::lock_guard lk(mu_);
+        if (index < cqs_.size() && cqs_[index].live && cqs_[index].user && cqs_[index].channel != layout::kNoIndex &&
+            chan_number(cqs_[index].channel) == number &&
+            (table<layout::CqEntry>(layout_.cq_table)[index].generation & 0xffffff) == gen) {
+          *cq_user = cqs_[index].user;
+          if (on_event) on_event(*cq_user);
+          return 0;
+        }
+        continue;  // stale (CQ destroyed) or forged
+      }
+      default:
+        continue;
+    }
+  }
+}
+
+void LocalContext::wake_initiator(Qp* qp) noexcept {
+  // Pairs with the initiator's fence between setting initiator_waiting and
+  // looking at our receive queue again: either it sees the WQE just posted
+  // or we see its flag.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  auto& waiting = qp->shared->initiator_waiting;
+  if (!waiting.load(std::memory_order_relaxed) || !waiting.exchange(0, std::memory_order_relaxed)) return;
+  const uint32_t qpn = qp->attr.dest_qp_num;
+  std::shared_ptr<Peer> peer = peers_.get(registry_, layout::qpn_slot(qpn), self_peer_);
+  if (!peer) return;
+  layout::QpEntry* q = peer->qp(layout::qpn_index(qpn));
+  if (!q || q->state.load(std::memory_order_acquire) != layout::kLive || q->qpn != qpn) return;  // A1 / R1
+  // The initiator may block on the channel of its send CQ or of its
+  // receive CQ (waiting for the reply): tell both.
+  const uint32_t cq_index[2] = {q->send_cq, q->recv_cq};
+  uint32_t done = layout::kNoIndex;
+  for (uint32_t i : cq_index) {
+    layout::CqEntry* e = peer->cq(i);
+    if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) continue;
+    const uint32_t ch = e->channel;
+    if (ch == layout::kNoIndex || ch == done) continue;
+    done = ch;
+    (void)peer->notify_channel(ch, chan_token(ChanKind::kProgress, 0, 0));
+  }
+}
+
+// ------------------------------------------------------- completion queues
+
 int LocalContext::create_cq(uint32_t cqe, CqInfo* out) noexcept {
+  return create_cq(cqe, layout::kNoIndex, 0, out);
+}
+
+int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqInfo* out) noexcept {
   if (cqe < 1 || cqe > limits::kMaxCqe) return EINVAL;
+  if (flags & ~uint32_t{layout::kCqIgnoreOverrun}) return EINVAL;
   uint32_t capacity = Ring::capacity_for(cqe);
   if (capacity == 0 || capacity > limits::kMaxCqe) return EINVAL;
   std::lock_guard lk(mu_);
+  uint32_t chan = layout::kNoIndex;
+  if (channel != layout::kNoIndex) {
+    if (channel >= chans_.size() || !chans_[channel].live) return EINVAL;
+    chan = chan_value(channel, chans_[channel].generation);
+  }
   uint32_t i = 0;
   while (i < cqs_.size() && cqs_[i].live) ++i;
   if (i == cqs_.size()) return ENOMEM;
@@ -41,6 +319,11 @@ int LocalContext::create_cq(uint32_t cqe, CqInfo* out) noexcept {
   e->slot_stride = kCqeStride;
   e->ring_offset = off;
   e->ring_bytes = bytes;
+  e->notify.store(layout::kNotifyNone, std::memory_order_relaxed);
+  e->channel = chan;
+  e->producers.store(0, std::memory_order_relaxed);
+  e->resizing.store(0, std::memory_order_relaxed);
+  e->flags = flags;
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   CqState& s = cqs_[i];
   s = CqState{};
@@ -48,6 +331,9 @@ int LocalContext::create_cq(uint32_t cqe, CqInfo* out) noexcept {
   s.ring_off = off;
   s.ring_bytes = bytes;
   s.info = CqInfo{i, capacity, *ring};
+  s.channel = chan;
+  s.flags = flags;
+  if (channel != layout::kNoIndex) chans_[channel].refs += 1;
   *out = s.info;
   return 0;
 }
@@ -56,27 +342,166 @@ int LocalContext::destroy_cq(uint32_t index) noexcept {
   std::lock_guard lk(mu_);
   if (index >= cqs_.size() || !cqs_[index].live) return EINVAL;
   if (cqs_[index].refs) return EBUSY;
-  table<layout::CqEntry>(layout_.cq_table)[index].state.store(layout::kFree, std::memory_order_release);
+  auto* e = table<layout::CqEntry>(layout_.cq_table) + index;
+  // Producers check `state` after announcing themselves (P1): once none is
+  // in progress, none writes into the ring any more.
+  e->state.store(layout::kFree, std::memory_order_seq_cst);
+  (void)wait_producers(e);  // a producer that died mid-push never finishes; bounded
+  e->notify.store(layout::kNotifyNone, std::memory_order_relaxed);
   heap_free(cqs_[index].ring_off, cqs_[index].ring_bytes);
+  if (cqs_[index].channel != layout::kNoIndex) {
+    uint32_t n = chan_number(cqs_[index].channel);
+    if (n < chans_.size() && chans_[n].refs) chans_[n].refs -= 1;
+  }
   cqs_[index] = CqState{};
   uncharge(layout::kObjCq);
   return 0;
 }
 
+int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept {
+  if (cqe < 1 || cqe > limits::kMaxCqe) return EINVAL;
+  uint32_t capacity = Ring::capacity_for(cqe);
+  if (capacity == 0 || capacity > limits::kMaxCqe) return EINVAL;
+  std::lock_guard lk(mu_);
+  if (index >= cqs_.size() || !cqs_[index].live) return EINVAL;
+  CqState& s = cqs_[index];
+  auto* e = table<layout::CqEntry>(layout_.cq_table) + index;
+  uint64_t bytes = Ring::bytes_for(capacity, kCqeStride);
+  uint64_t off = heap_alloc(bytes);
+  if (!off) return ENOMEM;
+  auto* rs = map_.at<RingShared>(off);
+  auto fresh = Ring::format(rs, Ring::slots_after(rs), capacity, kCqeStride);
+  if (!fresh) {
+    heap_free(off, bytes);
+    return EINVAL;
+  }
+  e->resizing.store(1, std::memory_order_seq_cst);
+  if (!wait_producers(e)) {
+    e->resizing.store(0, std::memory_order_release);
+    heap_free(off, bytes);
+    return EBUSY;  // a push never finished (its producer died mid-push)
+  }
+  // No push is in progress and none can start: the old ring holds exactly
+  // what was published, and we are its only consumer.
+  Ring old = s.info.ring;
+  if (old.size_approx() > capacity) {
+    e->resizing.store(0, std::memory_order_release);
+    heap_free(off, bytes);
+    return EINVAL;
+  }
+  Ring next = *fresh;
+  for (uint32_t k = 0; k < old.capacity(); ++k) {
+    RingResult r = old.try_claim_sc();
+    if (!r) break;
+    RingStatus st = next.try_push(r.handle.payload, sizeof(layout::Cqe));
+    old.release(r.handle);
+    if (st != RingStatus::ok) break;  // cannot happen: counted above
+  }
+  e->capacity = capacity;
+  e->slot_stride = kCqeStride;
+  e->ring_offset = off;
+  e->ring_bytes = bytes;
+  e->resizing.store(0, std::memory_order_release);  // producers that see 0 see the new geometry
+  heap_free(s.ring_off, s.ring_bytes);
+  s.ring_off = off;
+  s.ring_bytes = bytes;
+  s.info.capacity = capacity;
+  s.info.ring = next;
+  *out = s.info;
+  return 0;
+}
+
+int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
+  if (index >= cqs_.size() || !cqs_[index].live) return EINVAL;
+  if (cqs_[index].channel == layout::kNoIndex) return 0;  // no channel: nobody to tell
+  auto* e = table<layout::CqEntry>(layout_.cq_table) + index;
+  const uint32_t want = solicited_only ? layout::kNotifySolicited : layout::kNotifyNext;
+  uint32_t m = e->notify.load(std::memory_order_relaxed);
+  for (int i = 0; i < 64; ++i) {
+    // "Next" is stronger than "solicited": arming never weakens the mode.
+    uint32_t next = (m == layout::kNotifyNext || m == layout::kNotifySolicited) ? std::max(m, want) : want;
+    if (next == m) break;
+    if (e->notify.compare_exchange_weak(m, next, std::memory_order_relaxed, std::memory_order_relaxed)) break;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in take_notify (P4)
+  return 0;
+}
+
+// ------------------------------------------------------------- producers
+
+LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
+                                                 bool* fire) noexcept {
+  *fire = false;
+  layout::CqEntry* e = peer.cq(cq_index);
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return Push::kGone;  // A1 pairs with R1
+  uint64_t start = 0;
+  for (unsigned i = 0;; ++i) {  // P1
+    e->producers.fetch_add(1, std::memory_order_seq_cst);
+    bool resizing = e->resizing.load(std::memory_order_seq_cst) != 0;
+    if (!resizing && e->state.load(std::memory_order_seq_cst) == layout::kLive) break;
+    e->producers.fetch_sub(1, std::memory_order_release);
+    if (!resizing) return Push::kGone;
+    if (!start) start = mono_ns();
+    else if (mono_ns() - start > kQuiesceWaitNs) return Push::kFull;
+    backoff(i);
+  }
+  Push r = Push::kGone;
+  Ring ring;
+  if (peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring) &&
+      ring.payload_size() >= sizeof cqe) {  // P2
+    // Bounded retry: a CQ that stays full has overrun, as on hardware.
+    r = Push::kFull;
+    for (int i = 0; i < 4; ++i) {
+      RingStatus st = ring.try_push(&cqe, sizeof cqe);
+      if (st == RingStatus::ok) {
+        r = Push::kOk;
+        break;
+      }
+      if (st != RingStatus::contended) break;
+    }
+  }
+  e->producers.fetch_sub(1, std::memory_order_release);  // P3
+  if (r != Push::kOk) return r;
+  uint32_t mode = take_notify(e, cqe);  // P4
+  if (mode == layout::kNotifyNone) return r;
+  const uint64_t token = chan_token(ChanKind::kEvent, cq_index, e->generation);
+  bool written = false;
+  if (&peer == &self_peer_) {
+    // Our own CQ: the channel's write end is in our private table.
+    uint32_t ch = cqs_[cq_index].channel;
+    uint32_t n = chan_number(ch);
+    if (ch != layout::kNoIndex && n < chans_.size() && chans_[n].live)
+      written = write_channel_token(chans_[n].write_fd, token);
+  } else {
+    written = const_cast<Peer&>(peer).notify_channel(e->channel, token);
+  }
+  if (!written) rearm(e, mode);
+  *fire = written;
+  return r;
+}
+
 bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
-  Ring ring = cqs_[cq_index].info.ring;
-  for (int i = 0; i < 4; ++i) {
-    RingStatus st = ring.try_push(&cqe, sizeof cqe);
-    if (st == RingStatus::ok) return true;
-    if (st != RingStatus::contended) break;
-  }
+  bool fired = false;
+  Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired);
+  if (r == Push::kOk) return true;
   // The CQ has overrun: the completion is lost and the application learns it
   // from an IBV_EVENT_CQ_ERR, once.
-  if (!cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed)) {
+  if (r == Push::kFull && !(cqs_[cq_index].flags & layout::kCqIgnoreOverrun) &&
+      !cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed)) {
     uint32_t gen = table<layout::CqEntry>(layout_.cq_table)[cq_index].generation;
     raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, gen));
   }
+  return false;
+}
+
+bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept {
+  bool fired = false;
+  Push r = push_shared_cqe(peer, cq_index, cqe, &fired);
+  if (r == Push::kOk) return true;
+  layout::CqEntry* e = peer.cq(cq_index);
+  if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
+    const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
   return false;
 }
 

@@ -134,6 +134,14 @@ struct PdEntry {
 };
 static_assert(sizeof(PdEntry) == 8);
 
+// A completion queue. Producers (the owner and peers) follow the protocol of
+// src/cq.cc: `producers` counts pushes in progress (incremented before the
+// geometry is read, decremented after publish) and `resizing` is set by the
+// owner while it swaps rings (resize_cq): a producer that sees it backs off
+// and retries, the owner waits for `producers` to drain before it moves the
+// queued CQEs and publishes the new geometry. After a push, a producer that
+// finds the CQ armed (`notify`) disarms it with a CAS and writes an event
+// token to the owner's completion channel number `channel`.
 struct CqEntry {
   std::atomic<uint32_t> state;
   uint32_t generation;
@@ -141,8 +149,18 @@ struct CqEntry {
   uint32_t slot_stride;
   uint64_t ring_offset;  // offset of the RingShared header from the segment start
   uint64_t ring_bytes;
+  std::atomic<uint32_t> notify;     // CqNotify: armed by the owner, disarmed by the producer that fires
+  uint32_t channel;                 // completion channel: bits 15..0 number, 31..16 its generation; kNoIndex: none
+  std::atomic<uint32_t> producers;  // pushes in progress
+  std::atomic<uint32_t> resizing;   // nonzero while the owner swaps rings
+  uint32_t flags;                   // CqFlags
+  uint32_t reserved[3];
 };
-static_assert(sizeof(CqEntry) == 32);
+static_assert(sizeof(CqEntry) == 64);
+static_assert(offsetof(CqEntry, notify) == 32);
+
+enum CqNotify : uint32_t { kNotifyNone = 0, kNotifySolicited = 1, kNotifyNext = 2 };
+enum CqFlags : uint32_t { kCqIgnoreOverrun = 1u << 0 };
 
 struct WqEntry {
   std::atomic<uint32_t> state;
@@ -353,9 +371,13 @@ struct Cqe {
   uint16_t slid;
   uint8_t sl;
   uint8_t dlid_path_bits;
-  uint16_t reserved;
+  uint8_t flags;        // CqeFlags
+  uint8_t reserved;
 };
 static_assert(sizeof(Cqe) == 48);
+// kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);
+// it wakes a CQ armed with solicited_only.
+enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0 };
 static_assert(std::is_trivially_copyable_v<Cqe>);
 
 }  // namespace shmrdma::layout

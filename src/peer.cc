@@ -24,6 +24,8 @@ bool Peer::alive() const noexcept { return process_alive(pid, start_time); }
 
 Peer::~Peer() {
   if (async_fd >= 0) ::close(async_fd);
+  for (auto& [n, v] : chan_fds_)
+    if (v.second >= 0) ::close(v.second);
 }
 
 void Peer::raise_async(uint32_t event_type, uint64_t token) noexcept {
@@ -45,6 +47,7 @@ std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Pe
     p->pid = static_cast<pid_t>(info.pid);
     p->start_time = info.start_time;
     p->async_path = registry.paths().device_dir + "/" + info.segment + kAsyncSuffix;
+    p->segment_path = registry.paths().device_dir + "/" + info.segment;
     if (slot == self.slot && info.generation == self.generation) {
       p->self_process = true;
       p->base = self.base;

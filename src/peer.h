@@ -40,9 +40,15 @@ struct Peer {
   int async_fd = -1;            // opened on first use
   std::once_flag async_once_;
   PeerMappings mappings;        // the peer's mapped-tier MRs we mapped
+  std::string segment_path;     // the peer's segment file; its channels are <segment_path>.chan<N>
+  std::mutex chan_mu_;          // guards chan_fds_
+  std::map<uint32_t, std::pair<uint32_t, int>> chan_fds_;  // number -> (CqEntry channel value, fd)
 
   // Raises an async event in the peer's context (best effort).
   void raise_async(uint32_t event_type, uint64_t token) noexcept;
+  // Writes a token (channel.h) to the peer's completion channel named by a
+  // CqEntry `channel` value (best effort; cq.cc). True when written.
+  bool notify_channel(uint32_t channel, uint64_t token) noexcept;
 
   template <typename T>
   T* entry(uint64_t table, uint32_t index, uint32_t slots) const noexcept {

@@ -166,6 +166,7 @@ int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t 
     std::memcpy(r.handle.payload + sizeof h + k * sizeof w, &w, sizeof w);
   }
   ring.publish(r.handle);
+  wake_initiator(qp);  // cq.cc: a peer's send may wait for this receive (RNR)
   if (qp->state() == IBV_QPS_ERR) {
     // Receives posted to a QP in the error state complete with a flush error.
     std::lock_guard lk(qp->sq_lock);

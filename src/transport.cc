@@ -109,22 +109,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   return true;
 }
 
-bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept {
-  layout::CqEntry* e = peer.cq(cq_index);
-  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
-  Ring ring;
-  if (!peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring)) return false;
-  if (ring.payload_size() < sizeof cqe) return false;
-  // Bounded retry: a CQ that stays full has overrun, as on hardware, and its
-  // owner gets IBV_EVENT_CQ_ERR.
-  for (int i = 0; i < 4; ++i) {
-    RingStatus st = ring.try_push(&cqe, sizeof cqe);
-    if (st == RingStatus::ok) return true;
-    if (st != RingStatus::contended) break;
-  }
-  const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
-  return false;
-}
+// push_peer_cqe: cq.cc (the CQ producer protocol).
 
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   uint32_t st = qp->state();
@@ -387,6 +372,14 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
   rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
   RingResult claimed = rq.try_claim();
+  if (!claimed && claimed.status != RingStatus::contended) {
+    // Tell the receiver someone waits (its post_recv wakes us: cq.cc
+    // wake_initiator), then look once more. The fence pairs with the one the
+    // receiver runs after posting: either we see its WQE or it sees the flag.
+    t->initiator_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    claimed = rq.try_claim();
+  }
   if (!claimed) {
     if (claimed.status == RingStatus::contended) return Exec::kWait;
     // Receiver not ready: wait (rnr_retry 7 = forever) and let the receiver
@@ -429,6 +422,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   rc_cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
   rc_cqe.byte_len = static_cast<uint32_t>(len);
   rc_cqe.opcode = s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  if (s->send_flags & IBV_SEND_SOLICITED) rc_cqe.flags = layout::kCqeSolicited;  // wakes solicited_only arming
   if (s->opcode != IBV_WR_SEND) {
     rc_cqe.imm_data = s->imm_data;
     rc_cqe.wc_flags = IBV_WC_WITH_IMM;

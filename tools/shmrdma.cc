@@ -2,9 +2,11 @@
 // makes the stock libibverbs load our plugin (env, run), and status.
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +54,54 @@ std::string plugin_dir() {
   return prefix + "/" + SHMRDMA_PLUGIN_SUBDIR;
 }
 
+// The shim that makes completion channels work (tools/shim): next to the
+// plugin once installed, in tools/shim of the build tree.
+constexpr const char* kShimFile = "libshmrdma-shim.so";
+std::string shim_path() {
+  if (std::string p = plugin_dir() + "/" + kShimFile; exists(p)) return p;
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  std::string p = dirname_of(buf) + "/shim/" + kShimFile;
+  return exists(p) ? p : "";
+}
+
+// LD_PRELOAD with the shim in front of what was there, after any sanitizer
+// runtime (which must be the first object loaded). In a build with
+// AddressSanitizer our own runtime goes first: instrumented programs check
+// it, and stock programs need it to load the instrumented plugin.
+std::string preload_with_shim(const std::string& shim) {
+  std::vector<std::string> first, rest;
+  auto is_runtime = [](const std::string& p) {
+    std::string b = p.substr(p.find_last_of('/') + 1);
+    return b.rfind("libasan", 0) == 0 || b.rfind("libclang_rt.asan", 0) == 0 || b.rfind("libtsan", 0) == 0;
+  };
+#if defined(__SANITIZE_ADDRESS__)
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        std::string n = info->dlpi_name ? info->dlpi_name : "";
+        if (n.find("/libasan.so") != std::string::npos) static_cast<std::vector<std::string>*>(data)->push_back(n);
+        return 0;
+      },
+      &first);
+#endif
+  std::string old = std::getenv("LD_PRELOAD") ? std::getenv("LD_PRELOAD") : "";
+  size_t i = 0;
+  while (i < old.size()) {
+    size_t j = old.find_first_of(": ", i);
+    if (j == std::string::npos) j = old.size();
+    std::string e = old.substr(i, j - i);
+    i = j + 1;
+    if (e.empty() || e == shim || std::find(first.begin(), first.end(), e) != first.end()) continue;
+    (is_runtime(e) ? first : rest).push_back(e);
+  }
+  std::string out;
+  for (const auto& v : {first, std::vector<std::string>{shim}, rest})
+    for (const auto& e : v) out += (out.empty() ? "" : ":") + e;
+  return out;
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
@@ -71,6 +121,7 @@ Env environment(const std::string& home) {
     else drivers = o;
   }
   e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", home + "/sys"}, {"RDMAV_DRIVERS", drivers}};
+  if (std::string shim = shim_path(); !shim.empty()) e.vars.emplace_back("LD_PRELOAD", preload_with_shim(shim));
   return e;
 }
 

@@ -1,46 +1,215 @@
-// Completion queues.
-#include <algorithm>
+// Completion queues: ibv_create_cq / ibv_create_cq_ex (with the ibv_cq_ex
+// poll API), resize, arming (req_notify_cq), completion events, and the
+// completion channel entry points the shim calls (shim_abi.h).
+#include <climits>
 #include <cerrno>
 #include <new>
 
+#include <algorithm>
+
+#include "channel.h"
 #include "provider.h"
+#include "shim_abi.h"
 
 namespace shmrdma::provider {
 
 static_assert(kWcSuccess == IBV_WC_SUCCESS && kWcWrFlushErr == IBV_WC_WR_FLUSH_ERR && kWcOpRecv == IBV_WC_RECV,
               "the core's completion codes are libibverbs' values");
 
-ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) noexcept {
+namespace {
+
+// Completions may come from peers: clamp what we hand to the application.
+void to_wc(const layout::Cqe& c, ibv_wc* w) {
+  *w = ibv_wc{};
+  w->wr_id = c.wr_id;
+  w->status = c.status <= IBV_WC_TM_RNDV_INCOMPLETE ? static_cast<ibv_wc_status>(c.status) : IBV_WC_GENERAL_ERR;
+  w->opcode = static_cast<ibv_wc_opcode>(c.opcode & 0xff);  // within the enum's range of values
+  w->vendor_err = c.vendor_err;
+  w->byte_len = c.byte_len;
+  w->imm_data = c.imm_data;
+  w->qp_num = c.qp_num & limits::kQpnMask;
+  w->src_qp = c.src_qp & limits::kQpnMask;
+  w->wc_flags = c.wc_flags & (IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV | IBV_WC_TM_SYNC_REQ |
+                              IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID);
+  w->pkey_index = c.pkey_index;
+  w->slid = c.slid;
+  w->sl = c.sl & 0xf;
+  w->dlid_path_bits = c.dlid_path_bits;
+}
+
+Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector, uint32_t flags) {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > limits::kMaxCqe || comp_vector < 0 ||
       static_cast<uint32_t>(comp_vector) >= limits::kNumCompVectors) {
     errno = EINVAL;
     return nullptr;
   }
+  LocalContext* core = to_ctx(ibctx)->core;
+  uint32_t chan = layout::kNoIndex;
   if (channel) {
-    // Completion events need the event path that comes with the data path.
-    errno = EOPNOTSUPP;
-    return nullptr;
+    // Only channels made by the shim for this context carry our events;
+    // without the shim libibverbs cannot make one for a shmrdma context.
+    chan = channel->context == ibctx ? core->channel_by_fd(channel->fd) : layout::kNoIndex;
+    if (chan == layout::kNoIndex) {
+      errno = EINVAL;
+      return nullptr;
+    }
   }
   auto* cq = new (std::nothrow) Cq{};
   if (!cq) {
     errno = ENOMEM;
     return nullptr;
   }
-  if (int rc = to_ctx(ibctx)->core->create_cq(static_cast<uint32_t>(cqe), &cq->info)) {
+  if (int rc = core->create_cq(static_cast<uint32_t>(cqe), chan, flags, &cq->info)) {
     delete cq;
     errno = rc;
     return nullptr;
   }
+  // libibverbs fills channel, cq_context, the mutex and the condition
+  // variable (and counts the CQ in channel->refcnt) after we return.
   cq->vcq.cq.context = ibctx;
   cq->vcq.cq.cqe = static_cast<int>(cq->info.capacity);
   cq->vcq.cq.handle = cq->info.index;
-  to_ctx(ibctx)->core->set_cq_user(cq->info.index, &cq->vcq.cq);
-  return &cq->vcq.cq;
+  core->set_cq_user(cq->info.index, &cq->vcq.cq);
+  return cq;
+}
+
+Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
+
+// Pops the next completion into cq->cur (caller holds poll_lock).
+bool pop_one(Cq* cq) {
+  layout::Cqe c;
+  if (to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c) != 1) return false;
+  to_wc(c, &cq->cur);
+  cq->vcq.cq_ex.wr_id = cq->cur.wr_id;
+  cq->vcq.cq_ex.status = cq->cur.status;
+  return true;
+}
+
+int start_poll(ibv_cq_ex* ibcq, ibv_poll_cq_attr* attr) noexcept {
+  if (attr && attr->comp_mask) return EINVAL;
+  Cq* cq = to_cq_ex(ibcq);
+  to_ctx(ibcq->context)->core->progress_all();
+  cq->poll_lock.lock();  // held until end_poll
+  if (!pop_one(cq)) {
+    cq->poll_lock.unlock();  // ENOENT: the application does not call end_poll
+    return ENOENT;
+  }
+  return 0;
+}
+
+int next_poll(ibv_cq_ex* ibcq) noexcept { return pop_one(to_cq_ex(ibcq)) ? 0 : ENOENT; }
+void end_poll(ibv_cq_ex* ibcq) noexcept { to_cq_ex(ibcq)->poll_lock.unlock(); }
+ibv_wc_opcode read_opcode(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.byte_len; }
+__be32 read_imm_data(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.imm_data; }
+uint32_t read_qp_num(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.wc_flags; }
+uint32_t read_slid(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.slid; }
+uint8_t read_sl(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.dlid_path_bits; }
+
+// ------------------------------------------------- shim entry points
+
+int shim_owns_context(ibv_context* ibctx) noexcept {
+  // verbs_set_ops copies our data-path ops into the context: an exact test,
+  // and it reads nothing private of another provider's context.
+  return ibctx && ibctx->ops.poll_cq == poll_cq;
+}
+
+int shim_create_channel(ibv_context* ibctx, int* fd) noexcept {
+  uint32_t number = 0;
+  return to_ctx(ibctx)->core->create_channel(fd, &number);
+}
+
+int shim_destroy_channel(ibv_context* ibctx, int fd) noexcept {
+  LocalContext* core = to_ctx(ibctx)->core;
+  uint32_t n = core->channel_by_fd(fd);
+  if (n == layout::kNoIndex) return EINVAL;
+  return core->destroy_channel(n);
+}
+
+int shim_get_cq_event(ibv_comp_channel* channel, ibv_cq** out_cq, void** cq_context) noexcept {
+  if (!channel || !out_cq || !cq_context) return EINVAL;
+  LocalContext* core = to_ctx(channel->context)->core;
+  uint32_t n = core->channel_by_fd(channel->fd);
+  if (n == layout::kNoIndex) return EINVAL;
+  void* user = nullptr;
+  int rc = core->get_channel_event(n, channel->fd, &user, [](void* u) { cq_event(static_cast<ibv_cq*>(u)); });
+  if (rc) return rc;
+  auto* cq = static_cast<ibv_cq*>(user);
+  *out_cq = cq;
+  *cq_context = cq->cq_context;
+  return 0;
+}
+
+const shmrdma_shim_ops kShimOps = {
+    SHMRDMA_SHIM_ABI,         sizeof(shmrdma_shim_ops), shim_owns_context,
+    shim_create_channel,      shim_destroy_channel,     shim_get_cq_event,
+};
+
+}  // namespace
+
+ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) noexcept {
+  Cq* cq = create_common(ibctx, cqe, channel, comp_vector, 0);
+  return cq ? &cq->vcq.cq : nullptr;
+}
+
+ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept {
+  if (!attr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  // Timestamps, CVLAN, flow tags and tag matching are not supported, nor
+  // parent domains; UCX and others fall back to ibv_create_cq on EOPNOTSUPP.
+  if ((attr->wc_flags & ~uint64_t{IBV_WC_STANDARD_FLAGS}) ||
+      (attr->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS})) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  uint32_t flags = 0;
+  if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) {
+    if (attr->flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN}) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    if (attr->flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) flags |= layout::kCqIgnoreOverrun;
+  }
+  if (attr->cqe > static_cast<uint32_t>(INT_MAX) || attr->comp_vector > static_cast<uint32_t>(INT_MAX)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Cq* cq = create_common(ibctx, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector),
+                         flags);
+  if (!cq) return nullptr;
+  ibv_cq_ex& x = cq->vcq.cq_ex;
+  x.comp_mask = 0;
+  x.start_poll = start_poll;
+  x.next_poll = next_poll;
+  x.end_poll = end_poll;
+  x.read_opcode = read_opcode;
+  x.read_vendor_err = read_vendor_err;
+  x.read_byte_len = read_byte_len;
+  x.read_imm_data = read_imm_data;
+  x.read_qp_num = read_qp_num;
+  x.read_src_qp = read_src_qp;
+  x.read_wc_flags = read_wc_flags;
+  x.read_slid = read_slid;
+  x.read_sl = read_sl;
+  x.read_dlid_path_bits = read_dlid_path_bits;
+  return &x;
 }
 
 int destroy_cq(ibv_cq* ibcq) noexcept {
   Cq* cq = to_cq(ibcq);
+  // EBUSY while QPs/WQs use it. Afterwards no event can name it any more.
   if (int rc = to_ctx(ibcq->context)->core->destroy_cq(cq->info.index)) return rc;
+  // As with the kernel: wait until every completion event handed out has
+  // been acknowledged (ibv_ack_cq_events signals the condition).
+  pthread_mutex_lock(&ibcq->mutex);
+  while (ibcq->comp_events_completed != cq->events_reported) pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
+  pthread_mutex_unlock(&ibcq->mutex);
   delete cq;
   return 0;
 }
@@ -54,30 +223,40 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   std::lock_guard lk(cq->poll_lock);
   int done = 0;
   while (done < num_entries) {
-    int n = to_ctx(ibcq->context)->core->poll_cq(cq->info, std::min(kBatch, num_entries - done), buf);
-    for (int i = 0; i < n; ++i) {
-      // Completions may come from peers: clamp what we hand to the application.
-      const layout::Cqe& c = buf[i];
-      ibv_wc& w = wc[done + i];
-      w = ibv_wc{};
-      w.wr_id = c.wr_id;
-      w.status = c.status <= IBV_WC_TM_RNDV_INCOMPLETE ? static_cast<ibv_wc_status>(c.status) : IBV_WC_GENERAL_ERR;
-      w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
-      w.vendor_err = c.vendor_err;
-      w.byte_len = c.byte_len;
-      w.imm_data = c.imm_data;
-      w.qp_num = c.qp_num & limits::kQpnMask;
-      w.src_qp = c.src_qp & limits::kQpnMask;
-      w.wc_flags = c.wc_flags;
-      w.pkey_index = c.pkey_index;
-      w.slid = c.slid;
-      w.sl = c.sl & 0xf;
-      w.dlid_path_bits = c.dlid_path_bits;
-    }
+    const int want = std::min(kBatch, num_entries - done);
+    int n = to_ctx(ibcq->context)->core->poll_cq(cq->info, want, buf);
+    for (int i = 0; i < n; ++i) to_wc(buf[i], &wc[done + i]);
     done += n;
-    if (n < std::min(kBatch, num_entries - done + n)) break;
+    if (n < want) break;
   }
   return done;
 }
 
+int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > limits::kMaxCqe) return EINVAL;
+  Cq* cq = to_cq(ibcq);
+  std::lock_guard lk(cq->poll_lock);  // the ring's single consumer is us while it moves
+  CqInfo info;
+  if (int rc = to_ctx(ibcq->context)->core->resize_cq(cq->info.index, static_cast<uint32_t>(cqe), &info)) return rc;
+  cq->info = info;
+  ibcq->cqe = static_cast<int>(info.capacity);
+  return 0;
+}
+
+int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
+  return to_ctx(ibcq->context)->core->arm_cq(to_cq(ibcq)->info.index, solicited_only != 0);
+}
+
+void cq_event(ibv_cq* ibcq) noexcept {
+  pthread_mutex_lock(&ibcq->mutex);
+  to_cq(ibcq)->events_reported += 1;
+  pthread_mutex_unlock(&ibcq->mutex);
+}
+
 }  // namespace shmrdma::provider
+
+// The shim's entry point (shim_abi.h): the only symbol the plugin exports
+// besides what libibverbs needs.
+extern "C" __attribute__((visibility("default"))) const shmrdma_shim_ops* shmrdma_shim_ops(uint32_t abi) {
+  return abi == SHMRDMA_SHIM_ABI ? &shmrdma::provider::kShimOps : nullptr;
+}

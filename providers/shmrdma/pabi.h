@@ -94,6 +94,8 @@ struct verbs_qp {
   uint32_t comp_mask;
   verbs_xrcd* xrcd;
 };
+// verbs_qp::comp_mask. ibv_qp_to_qp_ex() returns &qp_ex only with VERBS_QP_EX.
+enum verbs_qp_mask { VERBS_QP_XRCD = 1 << 0, VERBS_QP_EX = 1 << 1 };
 
 enum ibv_mr_type { IBV_MR_TYPE_MR, IBV_MR_TYPE_NULL_MR, IBV_MR_TYPE_IMPORTED_MR, IBV_MR_TYPE_DMABUF_MR };
 struct verbs_mr {

@@ -26,7 +26,9 @@ struct Pd {
 struct Cq {
   verbs_cq vcq;
   CqInfo info;
-  std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here
+  std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
+  ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
+  uint32_t events_reported = 0;  // completion events handed out (under vcq.cq.mutex); destroy waits for their acks
 };
 
 struct Wq {
@@ -42,12 +44,32 @@ struct Mr {
 struct QpObj {
   verbs_qp vqp;
   Qp* core;
+  struct WrBatch* batch = nullptr;  // qp_ex.cc, with the ibv_qp_ex API only
 };
 
 struct IndTable {
   ibv_rwq_ind_table ibv;
   uint32_t index;
 };
+
+struct Srq {
+  verbs_srq vsrq;  // vsrq.srq is what the application holds
+  SrqInfo info;
+};
+inline Srq* to_srq(ibv_srq* s) noexcept { return reinterpret_cast<Srq*>(s); }
+// srq.cc
+ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*) noexcept;
+ibv_srq* create_srq_ex(ibv_context*, ibv_srq_init_attr_ex*) noexcept;
+int modify_srq(ibv_srq*, ibv_srq_attr*, int) noexcept;
+int query_srq(ibv_srq*, ibv_srq_attr*) noexcept;
+int destroy_srq(ibv_srq*) noexcept;
+int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+int get_srq_num(ibv_srq*, uint32_t*) noexcept;
+// qp_ex.cc: the ibv_qp_ex post-send API (ibv_wr_*) of a QP created with
+// IBV_QP_INIT_ATTR_SEND_OPS_FLAGS. The batch lives behind QpObj::batch.
+struct WrBatch;
+int init_qp_ex(struct QpObj* qp, uint64_t send_ops_flags) noexcept;
+void free_qp_ex(struct QpObj* qp) noexcept;
 
 inline Context* to_ctx(ibv_context* c) noexcept {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
@@ -69,6 +91,10 @@ int dealloc_pd(ibv_pd*) noexcept;
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
+ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*) noexcept;
+int resize_cq(ibv_cq*, int) noexcept;
+int req_notify_cq(ibv_cq*, int) noexcept;
+void cq_event(ibv_cq*) noexcept;
 // mr.cc
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;

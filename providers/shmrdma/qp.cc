@@ -139,12 +139,13 @@ ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, voi
     errno = EINVAL;
     return nullptr;
   }
-  if (attr.srq) {
-    errno = EOPNOTSUPP;  // shared receive queues come next
+  if (attr.srq && attr.srq->context != ibctx) {  // an SRQ of another context (the core checks the PD)
+    errno = EINVAL;
     return nullptr;
   }
   QpCreateArgs a;
   a.qp_type = attr.qp_type;
+  a.srq = attr.srq ? to_srq(attr.srq)->info.index : layout::kNoIndex;
   a.pd = to_pd(pd)->index;
   a.send_cq = to_cq(attr.send_cq)->info.index;
   a.recv_cq = to_cq(attr.recv_cq)->info.index;
@@ -207,8 +208,13 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_PD}) {
-    errno = EOPNOTSUPP;  // XRC domains, create flags, RSS and the ibv_qp_ex send API come later
+  if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS}) {
+    errno = EOPNOTSUPP;  // XRC domains, create flags and RSS come later
+    return nullptr;
+  }
+  const bool qp_ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (qp_ex && attr->qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;  // the ibv_qp_ex send API exists for RC
     return nullptr;
   }
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
@@ -223,7 +229,21 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
   a.cap = attr->cap;
   a.qp_type = attr->qp_type;
   a.sq_sig_all = attr->sq_sig_all;
+  if (qp_ex && attr->pd && attr->pd->context == ibctx) {
+    // Validate the send ops before creating anything (qp_ex.cc).
+    if (int rc = init_qp_ex(nullptr, attr->send_ops_flags)) {
+      errno = rc;
+      return nullptr;
+    }
+  }
   ibv_qp* q = create(ibctx, attr->pd, a, attr->qp_context);
+  if (q && qp_ex) {
+    if (int rc = init_qp_ex(to_qp(q), attr->send_ops_flags)) {
+      (void)destroy_qp(q);
+      errno = rc;
+      return nullptr;
+    }
+  }
   if (q) write_caps(to_qp(q)->core->caps, &attr->cap);
   return q;
 }
@@ -259,6 +279,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) 
 int destroy_qp(ibv_qp* ibqp) noexcept {
   QpObj* qp = to_qp(ibqp);
   if (int rc = to_ctx(ibqp->context)->core->destroy_qp(qp->core)) return rc;
+  free_qp_ex(qp);  // qp_ex.cc
   delete qp;
   return 0;
 }

@@ -92,6 +92,10 @@ const verbs_context_ops kOps = [] {
   o.alloc_pd = alloc_pd;
   o.async_event = async_event;
   o.create_cq = create_cq;
+  o.create_cq_ex = create_cq_ex;
+  o.resize_cq = resize_cq;
+  o.req_notify_cq = req_notify_cq;
+  o.cq_event = cq_event;
   o.create_rwq_ind_table = create_rwq_ind_table;
   o.create_wq = create_wq;
   o.dealloc_pd = dealloc_pd;
@@ -113,6 +117,13 @@ const verbs_context_ops kOps = [] {
   o.poll_cq = poll_cq;
   o.query_device_ex = query_device_ex;
   o.query_port = query_port;
+  o.create_srq = create_srq;  // srq.cc
+  o.create_srq_ex = create_srq_ex;
+  o.modify_srq = modify_srq;
+  o.query_srq = query_srq;
+  o.destroy_srq = destroy_srq;
+  o.post_srq_recv = post_srq_recv;
+  o.get_srq_num = get_srq_num;
   return o;
 }();
 

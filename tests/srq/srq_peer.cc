@@ -1,0 +1,282 @@
+// Helper program of srq_mp_test (public verbs API only), run through
+// `shmrdma run`:
+//
+//   srq_peer server NQPS MSGS LIMIT
+//     creates one SRQ with NQPS*MSGS receives posted and NQPS RC QPs on it,
+//     prints "SERVER <lid> <qpn>...", reads "CONNECT <client qpn>..." (QP i
+//     connects to client i), arms the SRQ limit at LIMIT, prints "READY",
+//     receives NQPS*MSGS messages checking every byte, QP numbers and the
+//     per-QP order, then waits for IBV_EVENT_SRQ_LIMIT_REACHED on the SRQ
+//     (exactly one), prints "RECV <n> OK" and exits 0.
+//   srq_peer client ID SERVER_QPN LID MSGS
+//     creates one RC QP, prints "CLIENT <qpn>", connects to SERVER_QPN,
+//     waits for "GO" on stdin, sends MSGS messages, prints "SENT <n> OK".
+//
+// Message n of client ID: bytes [0..4) = ID, [4..8) = n, then the pattern
+// byte(ID, n, k); its length is msg_len(n).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kSlot = 256;
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+uint32_t msg_len(uint32_t n) { return 8 + (n * 37) % (kSlot - 8); }
+uint8_t pattern(uint32_t id, uint32_t n, uint32_t k) { return static_cast<uint8_t>(id * 31 + n * 7 + k * 3 + 1); }
+
+[[noreturn]] void die(const std::string& what) {
+  std::printf("FAIL %s (errno %d: %s)\n", what.c_str(), errno, std::strerror(errno));
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+void say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+ibv_context* open_shm0() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) die("ibv_get_device_list");
+  ibv_context* ctx = nullptr;
+  for (int i = 0; i < n && !ctx; ++i)
+    if (std::strcmp(ibv_get_device_name(list[i]), "shm0") == 0) ctx = ibv_open_device(list[i]);
+  ibv_free_device_list(list);
+  if (!ctx) die("open shm0");
+  return ctx;
+}
+
+void connect(ibv_qp* qp, uint32_t dest, uint16_t lid) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = kAccess;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) die("INIT");
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.ah_attr.dlid = lid;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    die("RTR");
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                        IBV_QP_MAX_QP_RD_ATOMIC))
+    die("RTS");
+}
+
+std::string read_line() {
+  std::string l;
+  if (!std::getline(std::cin, l)) die("stdin closed");
+  return l;
+}
+
+bool wait_event(ibv_context* ctx, ibv_async_event* ev, int timeout_ms) {
+  int fl = ::fcntl(ctx->async_fd, F_GETFL);
+  ::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (ibv_get_async_event(ctx, ev) == 0) {
+      ibv_ack_async_event(ev);
+      return true;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{ctx->async_fd, POLLIN, 0};
+    (void)::poll(&p, 1, static_cast<int>(left));
+  }
+}
+
+int server(int nqps, uint32_t msgs, uint32_t limit) {
+  ibv_context* ctx = open_shm0();
+  ibv_port_attr pa{};
+  if (ibv_query_port(ctx, 1, &pa)) die("query_port");
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  uint32_t total = static_cast<uint32_t>(nqps) * msgs;
+  ibv_cq* cq = ibv_create_cq(ctx, static_cast<int>(total * 2), nullptr, nullptr, 0);
+  std::vector<uint8_t> buf(size_t{total} * kSlot, 0);
+  ibv_mr* mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), kAccess) : nullptr;
+  if (!pd || !cq || !mr) die("pd/cq/mr");
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = total;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd, &sa);
+  if (!srq) die("create_srq");
+  for (uint32_t i = 0; i < total; ++i) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf.data() + size_t{i} * kSlot), kSlot, mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(srq, &wr, &bad)) die("post_srq_recv");
+  }
+  std::vector<ibv_qp*> qps;
+  std::string line = "SERVER " + std::to_string(pa.lid);
+  for (int i = 0; i < nqps; ++i) {
+    ibv_qp_init_attr qa{};
+    qa.send_cq = cq;
+    qa.recv_cq = cq;
+    qa.srq = srq;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = 4;
+    qa.cap.max_send_sge = 1;
+    ibv_qp* qp = ibv_create_qp(pd, &qa);
+    if (!qp) die("create_qp on the SRQ");
+    qps.push_back(qp);
+    line += " " + std::to_string(qp->qp_num);
+  }
+  say(line);
+  std::istringstream in(read_line());
+  std::string word;
+  in >> word;
+  if (word != "CONNECT") die("expected CONNECT");
+  std::vector<uint32_t> clients(nqps);
+  for (int i = 0; i < nqps; ++i) {
+    if (!(in >> clients[i])) die("CONNECT: too few QP numbers");
+    connect(qps[i], clients[i], pa.lid);
+  }
+  ibv_srq_attr la{};
+  la.srq_limit = limit;
+  if (ibv_modify_srq(srq, &la, IBV_SRQ_LIMIT)) die("arm the limit");
+  say("READY");
+
+  std::vector<uint32_t> next_seq(nqps, 0);
+  uint32_t got = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (got < total) {
+    ibv_wc wc[16];
+    int k = ibv_poll_cq(cq, 16, wc);
+    if (k < 0) die("poll_cq");
+    if (k == 0 && Clock::now() > deadline) die("timed out after " + std::to_string(got) + " receives");
+    for (int j = 0; j < k; ++j) {
+      const ibv_wc& w = wc[j];
+      if (w.status != IBV_WC_SUCCESS) die(std::string("completion status ") + ibv_wc_status_str(w.status));
+      if (w.opcode != IBV_WC_RECV) die("unexpected opcode " + std::to_string(w.opcode));
+      int q = -1;
+      for (int i = 0; i < nqps; ++i)
+        if (qps[i]->qp_num == w.qp_num) q = i;
+      if (q < 0) die("completion for an unknown QP " + std::to_string(w.qp_num));
+      if (w.src_qp != clients[q]) die("src_qp " + std::to_string(w.src_qp) + " is not the peer of QP " + std::to_string(q));
+      if (w.wr_id >= total) die("bad wr_id");
+      const uint8_t* p = buf.data() + w.wr_id * kSlot;
+      uint32_t id, n;
+      std::memcpy(&id, p, 4);
+      std::memcpy(&n, p + 4, 4);
+      if (id != static_cast<uint32_t>(q)) die("message of client " + std::to_string(id) + " on QP " + std::to_string(q));
+      if (n != next_seq[q]) die("QP " + std::to_string(q) + ": message " + std::to_string(n) + " out of order");
+      next_seq[q] += 1;
+      if (w.byte_len != msg_len(n)) die("byte_len " + std::to_string(w.byte_len));
+      for (uint32_t b = 8; b < w.byte_len; ++b)
+        if (p[b] != pattern(id, n, b)) die("data mismatch at byte " + std::to_string(b) + " of message " + std::to_string(n));
+      ++got;
+    }
+  }
+  ibv_async_event ev{};
+  if (!wait_event(ctx, &ev, 10000)) die("no SRQ limit event");
+  if (ev.event_type != IBV_EVENT_SRQ_LIMIT_REACHED) die(std::string("event ") + ibv_event_type_str(ev.event_type));
+  if (ev.element.srq != srq) die("the limit event names another SRQ");
+  ibv_srq_attr q{};
+  if (ibv_query_srq(srq, &q) || q.srq_limit != 0) die("the limit is still armed after the event");
+  say("LIMIT_EVENT");
+  if (wait_event(ctx, &ev, 300)) die(std::string("a second event: ") + ibv_event_type_str(ev.event_type));
+  say("RECV " + std::to_string(got) + " OK");
+  for (auto* qp : qps) ibv_destroy_qp(qp);
+  if (ibv_destroy_srq(srq)) die("destroy_srq");
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return 0;
+}
+
+int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs) {
+  ibv_context* ctx = open_shm0();
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+  std::vector<uint8_t> buf(size_t{msgs} * kSlot, 0);
+  ibv_mr* mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), kAccess) : nullptr;
+  if (!pd || !cq || !mr) die("pd/cq/mr");
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq;
+  qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = 16;
+  qa.cap.max_recv_wr = 1;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  if (!qp) die("create_qp");
+  say("CLIENT " + std::to_string(qp->qp_num));
+  connect(qp, server_qpn, lid);
+  if (read_line() != "GO") die("expected GO");
+  for (uint32_t n = 0; n < msgs; ++n) {
+    uint8_t* p = buf.data() + size_t{n} * kSlot;
+    std::memcpy(p, &id, 4);
+    std::memcpy(p + 4, &n, 4);
+    for (uint32_t b = 8; b < kSlot; ++b) p[b] = pattern(id, n, b);
+    ibv_sge sge{reinterpret_cast<uint64_t>(p), msg_len(n), mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = n;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qp, &wr, &bad)) die("post_send");
+    ibv_wc wc{};
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    int k = 0;
+    while ((k = ibv_poll_cq(cq, 1, &wc)) == 0)
+      if (Clock::now() > deadline) die("send completion timed out");
+    if (k < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != n)
+      die(std::string("send completion: ") + ibv_wc_status_str(wc.status));
+  }
+  say("SENT " + std::to_string(msgs) + " OK");
+  ibv_destroy_qp(qp);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.size() == 4 && a[0] == "server")
+    return server(std::atoi(a[1].c_str()), static_cast<uint32_t>(std::atoi(a[2].c_str())),
+                  static_cast<uint32_t>(std::atoi(a[3].c_str())));
+  if (a.size() == 5 && a[0] == "client")
+    return client(static_cast<uint32_t>(std::atoi(a[1].c_str())), static_cast<uint32_t>(std::strtoul(a[2].c_str(), nullptr, 0)),
+                  static_cast<uint16_t>(std::atoi(a[3].c_str())), static_cast<uint32_t>(std::atoi(a[4].c_str())));
+  std::fprintf(stderr, "usage: srq_peer server NQPS MSGS LIMIT | client ID SERVER_QPN LID MSGS\n");
+  return 2;
+}

@@ -1,0 +1,570 @@
+// Shared receive queues through the public verbs API: creation rules and
+// errors, modify/query, posting, QPs on an SRQ, the SRQ limit event and
+// LAST_WQE_REACHED, all within this process (loopback QPs). The
+// multi-process cases are in srq_mp_test.cc.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "srq_harness.h"
+
+SRQT_ENVIRONMENT();
+
+namespace {
+
+using srqt::connect_qp;
+using srqt::next_async_event;
+using srqt::poll_n;
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+class Srq : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SRQT_REQUIRE_DEVICE();
+    std::string why;
+    ctx_ = srqt::open_shm0(&why);
+    ASSERT_NE(ctx_, nullptr) << why;
+    ASSERT_EQ(ibv_query_device(ctx_, &dev_), 0);
+    pd_ = ibv_alloc_pd(ctx_);
+    ASSERT_NE(pd_, nullptr);
+    cq_ = ibv_create_cq(ctx_, 256, nullptr, nullptr, 0);
+    ASSERT_NE(cq_, nullptr);
+    buf_.assign(1 << 16, 0);
+    mr_ = ibv_reg_mr(pd_, buf_.data(), buf_.size(), kAll);
+    ASSERT_NE(mr_, nullptr);
+    // Drain events a previous test may have left behind.
+    ibv_async_event ev;
+    while (next_async_event(ctx_, &ev, 0)) {
+    }
+  }
+  void TearDown() override {
+    for (auto it = qps_.rbegin(); it != qps_.rend(); ++it) ibv_destroy_qp(*it);
+    for (auto* s : srqs_) ibv_destroy_srq(s);
+    if (mr_) ibv_dereg_mr(mr_);
+    if (cq_) ibv_destroy_cq(cq_);
+    if (pd_) ibv_dealloc_pd(pd_);
+    if (ctx_) ibv_close_device(ctx_);
+  }
+
+  ibv_srq* make_srq(uint32_t max_wr, uint32_t max_sge = 1, ibv_pd* pd = nullptr) {
+    ibv_srq_init_attr a{};
+    a.attr.max_wr = max_wr;
+    a.attr.max_sge = max_sge;
+    ibv_srq* s = ibv_create_srq(pd ? pd : pd_, &a);
+    if (s) srqs_.push_back(s);
+    return s;
+  }
+  void forget_srq(ibv_srq* s) { std::erase(srqs_, s); }
+
+  ibv_qp* make_qp(ibv_srq* srq, ibv_pd* pd = nullptr, ibv_cq* cq = nullptr) {
+    ibv_qp_init_attr a{};
+    a.send_cq = cq ? cq : cq_;
+    a.recv_cq = cq ? cq : cq_;
+    a.srq = srq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = 64;
+    a.cap.max_recv_wr = 16;
+    a.cap.max_send_sge = 2;
+    a.cap.max_recv_sge = 2;
+    ibv_qp* q = ibv_create_qp(pd ? pd : pd_, &a);
+    if (q) qps_.push_back(q);
+    return q;
+  }
+  void forget_qp(ibv_qp* q) { std::erase(qps_, q); }
+
+  int post_srq(ibv_srq* s, uint64_t wr_id, uint64_t off, uint32_t len) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data() + off), len, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_srq_recv(s, &wr, &bad);
+  }
+
+  int send(ibv_qp* q, uint64_t wr_id, uint64_t off, uint32_t len, uint32_t imm = 0, bool with_imm = false) {
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data() + off), len, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = with_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    wr.imm_data = htonl(imm);
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(q, &wr, &bad);
+  }
+
+  // A connected loopback pair: `client` (own RQ) -> `server` (on `srq`).
+  void pair(ibv_srq* srq, ibv_qp** client, ibv_qp** server) {
+    *server = make_qp(srq);
+    ASSERT_NE(*server, nullptr) << std::strerror(errno);
+    *client = make_qp(nullptr);
+    ASSERT_NE(*client, nullptr) << std::strerror(errno);
+    uint16_t lid = srqt::port_lid(ctx_);
+    ASSERT_EQ(connect_qp(*server, (*client)->qp_num, lid, kAll), 0);
+    ASSERT_EQ(connect_qp(*client, (*server)->qp_num, lid, kAll), 0);
+  }
+
+  ibv_context* ctx_ = nullptr;
+  ibv_device_attr dev_{};
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_mr* mr_ = nullptr;
+  std::vector<uint8_t> buf_;
+  std::vector<ibv_srq*> srqs_;
+  std::vector<ibv_qp*> qps_;
+};
+
+TEST_F(Srq, DeviceAdvertisesSrqs) {
+  EXPECT_GT(dev_.max_srq, 0);
+  EXPECT_GT(dev_.max_srq_wr, 0);
+  EXPECT_GT(dev_.max_srq_sge, 0);
+}
+
+TEST_F(Srq, CreateRoundsUpAndWritesBack) {
+  ibv_srq_init_attr a{};
+  a.srq_context = this;
+  a.attr.max_wr = 100;
+  a.attr.max_sge = 3;
+  ibv_srq* s = ibv_create_srq(pd_, &a);
+  ASSERT_NE(s, nullptr) << std::strerror(errno);
+  srqs_.push_back(s);
+  EXPECT_EQ(a.attr.max_wr, 128u);
+  EXPECT_EQ(a.attr.max_sge, 4u);
+  EXPECT_EQ(s->context, ctx_);
+  EXPECT_EQ(s->pd, pd_);
+  EXPECT_EQ(s->srq_context, this);
+  ibv_srq_attr q{};
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.max_wr, 128u);
+  EXPECT_EQ(q.max_sge, 4u);
+  EXPECT_EQ(q.srq_limit, 0u) << "a new SRQ is not armed";
+}
+
+TEST_F(Srq, CreateLimits) {
+  errno = 0;
+  EXPECT_EQ(make_srq(0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_srq(static_cast<uint32_t>(dev_.max_srq_wr) + 1), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(make_srq(16, static_cast<uint32_t>(dev_.max_srq_sge) + 1), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // The largest advertised values work.
+  ibv_srq* s = make_srq(static_cast<uint32_t>(dev_.max_srq_wr), static_cast<uint32_t>(dev_.max_srq_sge));
+  ASSERT_NE(s, nullptr) << std::strerror(errno);
+  ibv_srq_attr q{};
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.max_wr, static_cast<uint32_t>(dev_.max_srq_wr));
+  EXPECT_EQ(q.max_sge, static_cast<uint32_t>(dev_.max_srq_sge));
+}
+
+TEST_F(Srq, MaxSrqIsDeviceWide) {
+  // Another context holds some SRQs: this one gets what is left of max_srq.
+  std::string why;
+  ibv_context* ctx2 = srqt::open_shm0(&why);
+  ASSERT_NE(ctx2, nullptr) << why;
+  ibv_pd* pd2 = ibv_alloc_pd(ctx2);
+  ASSERT_NE(pd2, nullptr);
+  std::vector<ibv_srq*> theirs;
+  for (int i = 0; i < 10; ++i) {
+    ibv_srq_init_attr a{};
+    a.attr.max_wr = 1;
+    a.attr.max_sge = 1;
+    ibv_srq* s = ibv_create_srq(pd2, &a);
+    ASSERT_NE(s, nullptr) << std::strerror(errno);
+    theirs.push_back(s);
+  }
+  int made = 0;
+  errno = 0;
+  while (made < dev_.max_srq && make_srq(1)) ++made;
+  int err = errno;
+  EXPECT_EQ(made, dev_.max_srq - 10);
+  EXPECT_EQ(err, ENOMEM);
+  // Freeing one of theirs makes room for one of ours.
+  ASSERT_EQ(ibv_destroy_srq(theirs.back()), 0);
+  theirs.pop_back();
+  EXPECT_NE(make_srq(1), nullptr) << std::strerror(errno);
+  for (auto* s : theirs) EXPECT_EQ(ibv_destroy_srq(s), 0);
+  EXPECT_EQ(ibv_dealloc_pd(pd2), 0);
+  EXPECT_EQ(ibv_close_device(ctx2), 0);
+}
+
+TEST_F(Srq, CreateEx) {
+  ibv_srq_init_attr_ex a{};
+  a.attr.max_wr = 10;
+  a.attr.max_sge = 1;
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+  a.srq_type = IBV_SRQT_BASIC;
+  a.pd = pd_;
+  a.cq = cq_;
+  a.srq_context = this;
+  ibv_srq* s = ibv_create_srq_ex(ctx_, &a);
+  ASSERT_NE(s, nullptr) << std::strerror(errno);
+  srqs_.push_back(s);
+  EXPECT_EQ(a.attr.max_wr, 16u);
+  EXPECT_EQ(s->context, ctx_);
+  EXPECT_EQ(s->pd, pd_);
+  EXPECT_EQ(s->srq_context, this);
+  uint32_t num = 0;
+  EXPECT_EQ(ibv_get_srq_num(s, &num), 0);
+
+  // Basic via the short path (TYPE|PD only) also works.
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+  ibv_srq* s2 = ibv_create_srq_ex(ctx_, &a);
+  ASSERT_NE(s2, nullptr) << std::strerror(errno);
+  srqs_.push_back(s2);
+
+  // XRC and tag matching are not supported.
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ;
+  a.srq_type = IBV_SRQT_XRC;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  a.srq_type = IBV_SRQT_TM;
+  a.comp_mask |= IBV_SRQ_INIT_ATTR_TM;
+  a.tm_cap.max_num_tags = 16;
+  a.tm_cap.max_ops = 16;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // No PD.
+  a = ibv_srq_init_attr_ex{};
+  a.attr.max_wr = 10;
+  a.attr.max_sge = 1;
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ;
+  a.srq_type = IBV_SRQT_BASIC;
+  a.cq = cq_;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // Limits through the extended path too.
+  a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+  a.pd = pd_;
+  a.attr.max_wr = static_cast<uint32_t>(dev_.max_srq_wr) + 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_srq_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST_F(Srq, SrqNumbersAreDistinct) {
+  std::set<uint32_t> nums;
+  for (int i = 0; i < 8; ++i) {
+    ibv_srq* s = make_srq(4);
+    ASSERT_NE(s, nullptr);
+    uint32_t n = 0;
+    ASSERT_EQ(ibv_get_srq_num(s, &n), 0);
+    EXPECT_LE(n, 0xffffffu);
+    nums.insert(n);
+  }
+  EXPECT_EQ(nums.size(), 8u);
+}
+
+TEST_F(Srq, ModifyAndQuery) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_srq_attr a{};
+  a.srq_limit = 5;
+  ASSERT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), 0);
+  ibv_srq_attr q{};
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.srq_limit, 5u);
+  EXPECT_EQ(q.max_wr, 16u);
+  // Limit above max_wr.
+  a.srq_limit = 17;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), EINVAL);
+  // The limit may equal max_wr; 0 disarms.
+  a.srq_limit = 16;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), 0);
+  a.srq_limit = 0;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), 0);
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.srq_limit, 0u);
+  // Resizing is not supported (and not advertised).
+  EXPECT_FALSE(dev_.device_cap_flags & IBV_DEVICE_SRQ_RESIZE);
+  a.max_wr = 32;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_MAX_WR), EINVAL);
+  a.srq_limit = 1;
+  EXPECT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT), EINVAL);
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.max_wr, 16u);
+  EXPECT_EQ(q.srq_limit, 0u) << "a failed modify changes nothing";
+  // Unknown attribute bits.
+  EXPECT_EQ(ibv_modify_srq(s, &a, 1 << 5), EINVAL);
+}
+
+TEST_F(Srq, PostUntilFullThenEnomem) {
+  ibv_srq* s = make_srq(8, 2);
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(post_srq(s, i, 64 * i, 64), 0) << i;
+  // One more fails with ENOMEM and names the WR.
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), 64, mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = 99;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(s, &wr, &bad), ENOMEM);
+  EXPECT_EQ(bad, &wr);
+}
+
+TEST_F(Srq, PostListStopsAtTheFirstFailure) {
+  ibv_srq* s = make_srq(4, 1);
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(s, i, 0, 16), 0);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), 16, mr_->lkey};
+  ibv_recv_wr w[3]{};
+  for (int i = 0; i < 3; ++i) {
+    w[i].wr_id = 10 + i;
+    w[i].sg_list = &sge;
+    w[i].num_sge = 1;
+    w[i].next = i < 2 ? &w[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(s, &w[0], &bad), ENOMEM);
+  EXPECT_EQ(bad, &w[1]) << "the first WR fits, the second does not";
+}
+
+TEST_F(Srq, PostTooManySges) {
+  ibv_srq* s = make_srq(8, 2);
+  ASSERT_NE(s, nullptr);
+  ibv_sge sge[3];
+  for (auto& g : sge) g = ibv_sge{reinterpret_cast<uint64_t>(buf_.data()), 8, mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.sg_list = sge;
+  wr.num_sge = 3;
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(s, &wr, &bad), EINVAL);
+  EXPECT_EQ(bad, &wr);
+  wr.num_sge = -1;
+  bad = nullptr;
+  EXPECT_EQ(ibv_post_srq_recv(s, &wr, &bad), EINVAL);
+  wr.num_sge = 2;
+  EXPECT_EQ(ibv_post_srq_recv(s, &wr, &bad), 0);
+}
+
+TEST_F(Srq, DestroyIsBusyWhileQpsUseIt) {
+  ibv_srq* s = make_srq(8);
+  ASSERT_NE(s, nullptr);
+  ibv_qp* q1 = make_qp(s);
+  ASSERT_NE(q1, nullptr) << std::strerror(errno);
+  ibv_qp* q2 = make_qp(s);
+  ASSERT_NE(q2, nullptr);
+  EXPECT_EQ(ibv_destroy_srq(s), EBUSY);
+  ASSERT_EQ(ibv_destroy_qp(q1), 0);
+  forget_qp(q1);
+  EXPECT_EQ(ibv_destroy_srq(s), EBUSY);
+  ASSERT_EQ(ibv_destroy_qp(q2), 0);
+  forget_qp(q2);
+  EXPECT_EQ(ibv_destroy_srq(s), 0);
+  forget_srq(s);
+}
+
+TEST_F(Srq, PdIsBusyWhileAnSrqUsesIt) {
+  ibv_pd* pd = ibv_alloc_pd(ctx_);
+  ASSERT_NE(pd, nullptr);
+  ibv_srq* s = make_srq(8, 1, pd);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY);
+  ASSERT_EQ(ibv_destroy_srq(s), 0);
+  forget_srq(s);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+TEST_F(Srq, QpOnSrqMustShareItsPdAndContext) {
+  ibv_pd* other = ibv_alloc_pd(ctx_);
+  ASSERT_NE(other, nullptr);
+  ibv_srq* s = make_srq(8);
+  ASSERT_NE(s, nullptr);
+  errno = 0;
+  EXPECT_EQ(make_qp(s, other), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+
+  // An SRQ of another context.
+  std::string why;
+  ibv_context* ctx2 = srqt::open_shm0(&why);
+  ASSERT_NE(ctx2, nullptr) << why;
+  ibv_pd* pd2 = ibv_alloc_pd(ctx2);
+  ibv_cq* cq2 = ibv_create_cq(ctx2, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(pd2 && cq2);
+  ibv_qp_init_attr a{};
+  a.send_cq = cq2;
+  a.recv_cq = cq2;
+  a.srq = s;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = 4;
+  a.cap.max_send_sge = 1;
+  errno = 0;
+  ibv_qp* q = ibv_create_qp(pd2, &a);
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  if (q) ibv_destroy_qp(q);
+  ibv_destroy_cq(cq2);
+  ibv_dealloc_pd(pd2);
+  ibv_close_device(ctx2);
+}
+
+TEST_F(Srq, QpOnSrqHasNoReceiveQueue) {
+  ibv_srq* s = make_srq(8);
+  ASSERT_NE(s, nullptr);
+  ibv_qp_init_attr a{};
+  a.send_cq = cq_;
+  a.recv_cq = cq_;
+  a.srq = s;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = 4;
+  a.cap.max_recv_wr = 100;
+  a.cap.max_send_sge = 1;
+  a.cap.max_recv_sge = 3;
+  ibv_qp* q = ibv_create_qp(pd_, &a);
+  ASSERT_NE(q, nullptr) << std::strerror(errno);
+  qps_.push_back(q);
+  EXPECT_EQ(q->srq, s);
+  EXPECT_EQ(a.cap.max_recv_wr, 0u);
+  EXPECT_EQ(a.cap.max_recv_sge, 0u);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(q, &qa, IBV_QP_CAP, &qi), 0);
+  EXPECT_EQ(qi.srq, s);
+  ASSERT_EQ(srqt::qp_to_init(q, kAll), 0);
+  // Receives go to the SRQ: ibv_post_recv on the QP is EINVAL.
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), 16, mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_recv(q, &wr, &bad), EINVAL);
+  EXPECT_EQ(bad, &wr);
+}
+
+TEST_F(Srq, TwoQpsShareOneSrqLoopback) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c1, *s1, *c2, *s2;
+  pair(s, &c1, &s1);
+  pair(s, &c2, &s2);
+  if (HasFatalFailure()) return;
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(post_srq(s, 1000 + i, 4096 + 1024 * i, 1024), 0);
+  for (int i = 0; i < 256; ++i) buf_[i] = static_cast<uint8_t>(i);
+  ASSERT_EQ(send(c1, 1, 0, 100, 7, true), 0);
+  ASSERT_EQ(send(c2, 2, 100, 50), 0);
+  ibv_wc wc[4];
+  ASSERT_EQ(poll_n(cq_, wc, 4), 4);
+  int recvs = 0;
+  std::set<uint32_t> qpns;
+  for (auto& w : wc) {
+    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << ibv_wc_status_str(w.status);
+    if (w.opcode != IBV_WC_RECV) continue;
+    ++recvs;
+    qpns.insert(w.qp_num);
+    EXPECT_GE(w.wr_id, 1000u);
+    uint64_t off = 4096 + 1024 * (w.wr_id - 1000);
+    if (w.qp_num == s1->qp_num) {
+      EXPECT_EQ(w.byte_len, 100u);
+      EXPECT_TRUE(w.wc_flags & IBV_WC_WITH_IMM);
+      EXPECT_EQ(ntohl(w.imm_data), 7u);
+      EXPECT_EQ(w.src_qp, c1->qp_num);
+      EXPECT_EQ(std::memcmp(buf_.data() + off, buf_.data(), 100), 0);
+    } else {
+      EXPECT_EQ(w.qp_num, s2->qp_num);
+      EXPECT_EQ(w.byte_len, 50u);
+      EXPECT_EQ(w.src_qp, c2->qp_num);
+      EXPECT_EQ(std::memcmp(buf_.data() + off, buf_.data() + 100, 50), 0);
+    }
+  }
+  EXPECT_EQ(recvs, 2);
+  EXPECT_EQ(qpns.size(), 2u) << "one receive completion per server QP";
+}
+
+TEST_F(Srq, LimitEventOncePerArming) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(post_srq(s, i, 8192 + 64 * i, 64), 0);
+  ibv_srq_attr a{};
+  a.srq_limit = 6;
+  ASSERT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), 0);
+  ibv_async_event ev{};
+  ibv_wc wc[2];
+  // 8 -> 7 posted: not below 6 yet.
+  ASSERT_EQ(send(c, 1, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  EXPECT_FALSE(next_async_event(ctx_, &ev, 200)) << "event " << ibv_event_type_str(ev.event_type);
+  // 7 -> 6: still not below.
+  ASSERT_EQ(send(c, 2, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  EXPECT_FALSE(next_async_event(ctx_, &ev, 200));
+  // 6 -> 5: below the limit.
+  ASSERT_EQ(send(c, 3, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  ASSERT_TRUE(next_async_event(ctx_, &ev, 5000)) << "no SRQ limit event";
+  EXPECT_EQ(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED) << ibv_event_type_str(ev.event_type);
+  EXPECT_EQ(ev.element.srq, s);
+  ibv_srq_attr q{};
+  ASSERT_EQ(ibv_query_srq(s, &q), 0);
+  EXPECT_EQ(q.srq_limit, 0u) << "the event disarms the limit";
+  // Further consumption raises nothing until re-armed.
+  ASSERT_EQ(send(c, 4, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  EXPECT_FALSE(next_async_event(ctx_, &ev, 200)) << "second event " << ibv_event_type_str(ev.event_type);
+  // Re-arm at 4 with 4 posted: the next consumption (4 -> 3) fires again.
+  a.srq_limit = 4;
+  ASSERT_EQ(ibv_modify_srq(s, &a, IBV_SRQ_LIMIT), 0);
+  ASSERT_EQ(send(c, 5, 0, 8), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  ASSERT_TRUE(next_async_event(ctx_, &ev, 5000)) << "no event after re-arming";
+  EXPECT_EQ(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+  EXPECT_EQ(ev.element.srq, s);
+}
+
+TEST_F(Srq, ErrorStateRaisesLastWqeReachedAndDoesNotFlushTheSrq) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c1, *s1, *c2, *s2;
+  pair(s, &c1, &s1);
+  pair(s, &c2, &s2);
+  if (HasFatalFailure()) return;
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(s, 500 + i, 16384 + 64 * i, 64), 0);
+
+  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  ibv_async_event ev{};
+  ASSERT_TRUE(next_async_event(ctx_, &ev, 5000)) << "no LAST_WQE_REACHED";
+  EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED) << ibv_event_type_str(ev.event_type);
+  EXPECT_EQ(ev.element.qp, s1);
+  // Once per entry into ERR.
+  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  EXPECT_FALSE(next_async_event(ctx_, &ev, 200)) << "second event " << ibv_event_type_str(ev.event_type);
+
+  // The SRQ was not flushed: no flush completions, and the other QP still
+  // receives into the WQEs posted before.
+  ibv_wc wc[4];
+  EXPECT_EQ(ibv_poll_cq(cq_, 4, wc), 0) << "flushed WQE wr_id " << wc[0].wr_id;
+  ASSERT_EQ(send(c2, 9, 0, 32), 0);
+  ASSERT_EQ(poll_n(cq_, wc, 2), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[i].status);
+    if (wc[i].opcode == IBV_WC_RECV) {
+      EXPECT_EQ(wc[i].wr_id, 500u) << "the first WQE posted to the SRQ";
+      EXPECT_EQ(wc[i].qp_num, s2->qp_num);
+    }
+  }
+  // Back to RESET and ERR again: a new event.
+  ibv_qp_attr ra{};
+  ra.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(s1, &ra, IBV_QP_STATE), 0);
+  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  ASSERT_TRUE(next_async_event(ctx_, &ev, 5000));
+  EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
+  EXPECT_EQ(ev.element.qp, s1);
+}
+
+}  // namespace
