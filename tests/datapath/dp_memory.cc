@@ -1,0 +1,350 @@
+// Registered memory as applications manage it: buffers that are registered,
+// deregistered, freed and allocated again at the same address, file
+// mappings, one buffer under two MRs. A peer process WRITEs into the
+// owner's MR and READs from it; the owner checks that the WRITE reached the
+// memory it sees at that address and the peer checks that the READ returned
+// what the owner wrote there.
+//
+// As a gtest (no arguments) it starts two workers of this executable through
+// `shmrdma run`, connected by a socketpair on fd 3:
+//
+//   dp_memory --worker owner|peer --scenario NAME
+//
+// Scenarios (owner side):
+//   plain    mmap, fill, register
+//   remap    mmap, register, deregister, munmap; mmap again at the same
+//            address, fill, register
+//   realloc  malloc(64 MiB), register, deregister, free; malloc(64 MiB)
+//            again (glibc mmaps it and usually gets the same address back),
+//            fill, register
+//   heap     the same with 64 KiB (from the brk heap)
+//   file     a MAP_SHARED file mapping; the WRITE must reach the file
+//   twice    the same buffer under two MRs; the first is deregistered
+//   fork     a child forked after the registration writes to its copy of the
+//            buffer; the parent must not see that write
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dp_harness.h"
+#include "dp_verbs.h"
+#include "dp_wire.h"
+
+namespace {
+
+constexpr size_t kLen = 1u << 20;
+constexpr size_t kBigLen = 64u << 20;  // realloc: above glibc's largest mmap threshold, always mmap'd
+constexpr size_t kProbe = 256u << 10;  // the peer writes the first and reads the last kProbe bytes
+constexpr uint8_t kOld = 0x33;      // content before the buffer was freed / re-made
+constexpr uint8_t kCurrent = 0x22;  // what the owner holds when the peer reads
+constexpr uint8_t kWritten = 0x77;  // what the peer writes
+
+[[noreturn]] void die(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::fprintf(stdout, "FAIL: ");
+  std::vfprintf(stdout, fmt, ap);
+  std::fprintf(stdout, "\n");
+  std::fflush(stdout);
+  va_end(ap);
+  std::_Exit(1);
+}
+
+struct Hello {
+  uint32_t magic = 0x44504d45;
+  uint32_t qpn = 0;
+  uint16_t lid = 0;
+  uint16_t pad = 0;
+  uint32_t rkey = 0;
+  uint64_t addr = 0;
+  uint64_t len = 0;
+};
+
+struct Ep {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+};
+
+void open_ep(Ep* e) {
+  std::string why;
+  e->ctx = dp::open_shm0(&why);
+  if (!e->ctx) die("%s", why.c_str());
+  e->pd = ibv_alloc_pd(e->ctx);
+  e->cq = e->pd ? ibv_create_cq(e->ctx, 64, nullptr, nullptr, 0) : nullptr;
+  if (!e->cq) die("pd/cq: %s", std::strerror(errno));
+  ibv_qp_init_attr ia{};
+  ia.send_cq = e->cq;
+  ia.recv_cq = e->cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 8;
+  ia.cap.max_recv_wr = 8;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  e->qp = ibv_create_qp(e->pd, &ia);
+  if (!e->qp) die("ibv_create_qp: %s", std::strerror(errno));
+}
+
+void connect_ep(Ep* e, const Hello& peer) {
+  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (dp::qp_to_init(e->qp, access) || dp::qp_to_rtr(e->qp, peer.qpn, peer.lid) || dp::qp_to_rts(e->qp))
+    die("connect failed");
+}
+
+constexpr int kRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// The same buffer address, made again after the old one was released.
+uint8_t* remake(const std::string& scenario, Ep& e, std::vector<ibv_mr*>* keep, std::string* note) {
+  if (scenario == "plain") {
+    void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die("mmap");
+    return static_cast<uint8_t*>(p);
+  }
+  if (scenario == "remap") {
+    void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die("mmap");
+    std::memset(p, kOld, kLen);
+    ibv_mr* mr = ibv_reg_mr(e.pd, p, kLen, kRemote);
+    if (!mr) die("first ibv_reg_mr: %s", std::strerror(errno));
+    if (ibv_dereg_mr(mr)) die("ibv_dereg_mr");
+    if (::munmap(p, kLen)) die("munmap");
+    void* q = ::mmap(p, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (q != p) die("could not map the same address again");
+    *note = "same address again";
+    return static_cast<uint8_t*>(q);
+  }
+  if (scenario == "realloc" || scenario == "heap") {
+    size_t n = scenario == "heap" ? (64u << 10) : kBigLen;
+    auto* p = static_cast<uint8_t*>(std::malloc(n));
+    if (!p) die("malloc");
+    std::memset(p, kOld, n);
+    ibv_mr* mr = ibv_reg_mr(e.pd, p, n, kRemote);
+    if (!mr) die("first ibv_reg_mr: %s", std::strerror(errno));
+    if (ibv_dereg_mr(mr)) die("ibv_dereg_mr");
+    std::free(p);
+    auto* q = static_cast<uint8_t*>(std::malloc(n));
+    if (!q) die("malloc");
+    *note = q == p ? "malloc returned the same address" : "malloc returned another address";
+    return q;
+  }
+  if (scenario == "file") {
+    char path[] = "/tmp/shmrdma-dpmem-XXXXXX";
+    int fd = ::mkstemp(path);
+    if (fd < 0 || ::ftruncate(fd, kLen)) die("temp file");
+    ::unlink(path);
+    void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) die("mmap file");
+    *note = std::to_string(fd);  // the owner checks the file through this descriptor
+    return static_cast<uint8_t*>(p);
+  }
+  if (scenario == "twice" || scenario == "fork") {
+    void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die("mmap");
+    if (scenario == "twice") {
+      std::memset(p, kCurrent, kLen);
+      ibv_mr* first = ibv_reg_mr(e.pd, p, kLen, kRemote);
+      if (!first) die("first ibv_reg_mr: %s", std::strerror(errno));
+      keep->push_back(first);  // deregistered after the second registration
+    }
+    return static_cast<uint8_t*>(p);
+  }
+  die("unknown scenario %s", scenario.c_str());
+}
+
+int run_owner(const std::string& scenario) {
+  Ep e;
+  open_ep(&e);
+  std::vector<ibv_mr*> extra;
+  std::string note;
+  uint8_t* buf = remake(scenario, e, &extra, &note);
+  size_t len = scenario == "heap" ? (64u << 10) : scenario == "realloc" ? kBigLen : kLen;
+  std::memset(buf, kCurrent, len);
+  ibv_mr* mr = ibv_reg_mr(e.pd, buf, len, kRemote);
+  if (!mr) die("ibv_reg_mr: %s", std::strerror(errno));
+  for (ibv_mr* m : extra)
+    if (ibv_dereg_mr(m)) die("ibv_dereg_mr of the first MR");
+  if (scenario == "fork") {
+    // The child writes into its copy of the registered buffer.
+    pid_t c = ::fork();
+    if (c == 0) {
+      std::memset(buf, 0x99, len);
+      std::_Exit(0);
+    }
+    int st = 0;
+    ::waitpid(c, &st, 0);
+    if (buf[0] != kCurrent)
+      die("a child forked after ibv_reg_mr wrote to its copy of the buffer and the parent sees it (byte 0 is "
+          "0x%02x, expected 0x%02x): fork() no longer gives the child a private copy of registered memory",
+          buf[0], kCurrent);
+  }
+  // The application keeps using the buffer after registration.
+  buf[len - 1] = kCurrent;
+  Hello me, peer;
+  me.qpn = e.qp->qp_num;
+  me.lid = dp::port_lid(e.ctx);
+  me.rkey = mr->rkey;
+  me.addr = reinterpret_cast<uintptr_t>(buf);
+  me.len = len;
+  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("hello");
+  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000)) die("no hello");
+  connect_ep(&e, peer);
+  dp::LineReader ctl(dp::kCtlFd);
+  ctl.send_line("GO");
+  std::string line;
+  if (ctl.poll_line(&line, 30000) != 1) die("the peer did not report");
+  std::printf("peer: %s (%s)\n", line.c_str(), note.c_str());
+  size_t half = std::min(kProbe, len / 2);
+  size_t bad = half;
+  for (size_t i = 0; i < half; ++i)
+    if (buf[i] != kWritten) {
+      bad = i;
+      break;
+    }
+  if (bad != half)
+    die("scenario %s (%s): the peer's RDMA WRITE did not reach the owner's memory: byte %zu is 0x%02x, expected "
+        "0x%02x",
+        scenario.c_str(), note.c_str(), bad, buf[bad], kWritten);
+  if (scenario == "file") {
+    int fd = std::atoi(note.c_str());
+    ::msync(buf, len, MS_SYNC);
+    std::vector<uint8_t> f(half);
+    if (::pread(fd, f.data(), half, 0) != static_cast<ssize_t>(half)) die("pread");
+    for (size_t i = 0; i < half; ++i)
+      if (f[i] != kWritten) die("the WRITE is in the mapping but not in the file (byte %zu is 0x%02x)", i, f[i]);
+  }
+  if (line.rfind("READ ok", 0) != 0)
+    die("scenario %s (%s): the peer's RDMA READ did not return the owner's memory: %s", scenario.c_str(), note.c_str(),
+        line.c_str());
+  ctl.send_line("BYE");
+  std::printf("OWNER OK %s\n", scenario.c_str());
+  return 0;
+}
+
+int run_peer() {
+  Ep e;
+  open_ep(&e);
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, kLen)) die("alloc");
+  auto* buf = static_cast<uint8_t*>(mem);
+  ibv_mr* mr = ibv_reg_mr(e.pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) die("ibv_reg_mr");
+  Hello me, owner;
+  me.qpn = e.qp->qp_num;
+  me.lid = dp::port_lid(e.ctx);
+  if (!dp::read_all(dp::kCtlFd, &owner, sizeof owner, 30000) || owner.magic != me.magic) die("no hello");
+  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("hello");
+  connect_ep(&e, owner);
+  dp::LineReader ctl(dp::kCtlFd);
+  std::string line;
+  if (ctl.poll_line(&line, 30000) != 1 || line != "GO") die("owner not ready");
+  size_t half = std::min<size_t>(kProbe, owner.len / 2);
+  std::memset(buf, kWritten, half);
+  std::memset(buf + half, 0, half);
+  ibv_sge w{reinterpret_cast<uintptr_t>(buf), static_cast<uint32_t>(half), mr->lkey};
+  ibv_sge r{reinterpret_cast<uintptr_t>(buf + half), static_cast<uint32_t>(half), mr->lkey};
+  ibv_send_wr wr[2]{};
+  wr[0].wr_id = 1;
+  wr[0].opcode = IBV_WR_RDMA_WRITE;
+  wr[0].sg_list = &w;
+  wr[0].num_sge = 1;
+  wr[0].send_flags = IBV_SEND_SIGNALED;
+  wr[0].wr.rdma.remote_addr = owner.addr;
+  wr[0].wr.rdma.rkey = owner.rkey;
+  wr[0].next = &wr[1];
+  wr[1].wr_id = 2;
+  wr[1].opcode = IBV_WR_RDMA_READ;
+  wr[1].sg_list = &r;
+  wr[1].num_sge = 1;
+  wr[1].send_flags = IBV_SEND_SIGNALED;
+  wr[1].wr.rdma.remote_addr = owner.addr + owner.len - half;
+  wr[1].wr.rdma.rkey = owner.rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(e.qp, wr, &bad)) die("ibv_post_send: %s", std::strerror(rc));
+  for (int i = 0; i < 2; ++i) {
+    ibv_wc wc{};
+    if (!dp::poll_one(e.cq, &wc, 10000)) die("no completion");
+    if (wc.status != IBV_WC_SUCCESS) die("completion %s", dp::wc_str(wc).c_str());
+  }
+  std::string result = "READ ok";
+  for (size_t i = 0; i < half; ++i)
+    if (buf[half + i] != kCurrent) {
+      char b[160];
+      std::snprintf(b, sizeof b, "READ bad: byte %zu is 0x%02x, the owner holds 0x%02x%s", i, buf[half + i], kCurrent,
+                    buf[half + i] == kOld ? " (the content the buffer had before it was freed)" : "");
+      result = b;
+      break;
+    }
+  ctl.send_line(result);
+  ctl.poll_line(&line, 30000);
+  std::printf("PEER done: %s\n", result.c_str());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return buf;
+}
+
+class Memory : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
+  DP_REQUIRE_DEVICE();
+  auto& home = dp::Home::get();
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  std::string exe = self_exe();
+  dp::Child owner, peer;
+  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), sv[0]));
+  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()}), sv[1]));
+  ::close(sv[0]);
+  ::close(sv[1]);
+  auto deadline = dp::Clock::now() + std::chrono::seconds(60);
+  dp::RunResult o = owner.wait(deadline);
+  dp::RunResult p = peer.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(10)));
+  std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
+  EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
+  EXPECT_TRUE(p.ok()) << "peer: " << p.describe();
+  nlohmann::json st = home.status();
+  for (const auto& d : st["devices"]) EXPECT_TRUE(d["processes"].empty()) << st.dump(2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, Memory,
+                         ::testing::Values("plain", "remap", "realloc", "heap", "file", "twice", "fork"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+
+DP_TEST_ENVIRONMENT();
+
+int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "--worker") {
+    std::string role = argv[2], scenario = "plain";
+    for (int i = 3; i + 1 < argc; i += 2)
+      if (std::string(argv[i]) == "--scenario") scenario = argv[i + 1];
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    return role == "owner" ? run_owner(scenario) : run_peer();
+  }
+  if (::geteuid() != 0) {
+    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
+    return 77;  // meson: skipped
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

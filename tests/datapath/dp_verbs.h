@@ -1,0 +1,118 @@
+// Small helpers over the public libibverbs API shared by the data-path
+// tests: open shm0, move RC QPs through INIT/RTR/RTS, poll with deadlines.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace dp {
+
+inline ibv_context* open_shm0(std::string* why) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list) {
+    *why = std::string("ibv_get_device_list: ") + std::strerror(errno);
+    return nullptr;
+  }
+  ibv_context* ctx = nullptr;
+  for (int i = 0; i < n; ++i)
+    if (std::strcmp(ibv_get_device_name(list[i]), "shm0") == 0) ctx = ibv_open_device(list[i]);
+  if (!ctx) *why = "shm0 not found among " + std::to_string(n) + " device(s), or ibv_open_device failed";
+  ibv_free_device_list(list);
+  return ctx;
+}
+
+inline uint16_t port_lid(ibv_context* ctx) {
+  ibv_port_attr pa{};
+  if (ibv_query_port(ctx, 1, &pa)) return 0;
+  return pa.lid;
+}
+
+inline int qp_to_init(ibv_qp* qp, int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qp_access_flags = static_cast<unsigned>(access);
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+inline int qp_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, uint8_t min_rnr_timer = 1) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 16;
+  a.min_rnr_timer = min_rnr_timer;
+  a.ah_attr.dlid = dlid;
+  a.ah_attr.port_num = 1;
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+inline int qp_to_rts(ibv_qp* qp, uint8_t rnr_retry = 7, uint8_t timeout = 14, uint8_t retry_cnt = 7) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  a.timeout = timeout;
+  a.retry_cnt = retry_cnt;
+  a.rnr_retry = rnr_retry;
+  a.max_rd_atomic = 16;
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+inline int qp_state(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  if (ibv_query_qp(qp, &a, IBV_QP_STATE, &ia)) return -1;
+  return a.qp_state;
+}
+
+inline const char* qp_state_name(int s) {
+  switch (s) {
+    case IBV_QPS_RESET: return "RESET";
+    case IBV_QPS_INIT: return "INIT";
+    case IBV_QPS_RTR: return "RTR";
+    case IBV_QPS_RTS: return "RTS";
+    case IBV_QPS_SQD: return "SQD";
+    case IBV_QPS_SQE: return "SQE";
+    case IBV_QPS_ERR: return "ERR";
+    default: return "?";
+  }
+}
+
+// Polls one completion, up to timeout_ms. False on timeout; a negative
+// ibv_poll_cq result is reported in wc->status as -1 cast.
+inline bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms = 5000) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (uint64_t spins = 0;; ++spins) {
+    int n = ibv_poll_cq(cq, 1, wc);
+    if (n == 1) return true;
+    if (n < 0) {
+      std::memset(wc, 0, sizeof *wc);
+      wc->status = static_cast<ibv_wc_status>(-1);
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (spins % 64 == 63) std::this_thread::yield();
+  }
+}
+
+inline std::string wc_str(const ibv_wc& wc) {
+  return std::string("{wr_id ") + std::to_string(wc.wr_id) + ", status " + ibv_wc_status_str(wc.status) + " (" +
+         std::to_string(static_cast<int>(wc.status)) + "), opcode " + std::to_string(wc.opcode) + ", byte_len " +
+         std::to_string(wc.byte_len) + ", wc_flags " + std::to_string(wc.wc_flags) + ", qp_num " +
+         std::to_string(wc.qp_num) + "}";
+}
+
+}  // namespace dp

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""One perftest tool (server + client as separate processes) over shmrdma.
+
+  perftest.py --tool ib_write_bw --port 23101 [--iters 200] [--all] [-- EXTRA...]
+
+Passes when both exit 0 and the client's result table has the expected
+rows, each with the iteration count asked for and a non-zero bandwidth and
+message rate (bw tools) or non-zero latencies (lat tools). With --all
+(`-a`) the table must have one row per size 2, 4, ..., 8 MiB.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import systest  # noqa: E402
+
+DEFAULT_BYTES = {"bw": 65536, "lat": 2}
+ATOMIC_BYTES = 8
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--all", action="store_true", help="run all sizes (-a)")
+    ap.add_argument("--timeout", type=int, default=90)
+    ap.add_argument("extra", nargs="*", help="more perftest flags for both sides (after --)")
+    a = ap.parse_args()
+
+    systest.require_root()
+    systest.require_program(a.tool)
+    kind = "lat" if a.tool.endswith("_lat") else "bw"
+    flags = ["-p", str(a.port), "-n", str(a.iters)] + a.extra
+    if a.all:
+        flags.append("-a")
+
+    with systest.Home() as home:
+        r = systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port, timeout=a.timeout)
+        print(r.client_out)
+        if r.server_rc != 0 or r.client_rc != 0:
+            systest.fail(f"{a.tool} did not exit 0 on both sides\n" + r.describe())
+        header, rows = systest.parse_perftest_table(r.client_out)
+        if header is None:
+            systest.fail(f"no result table (#bytes ...) in the client's output\n" + r.describe())
+        if not rows:
+            systest.fail(f"the client's result table has no rows\n" + r.describe())
+
+        if "atomic" in a.tool:
+            want_sizes = [ATOMIC_BYTES]
+        elif a.all:
+            want_sizes = [2 ** k for k in range(1, 24)]
+        else:
+            want_sizes = [DEFAULT_BYTES[kind]]
+        got_sizes = [int(row[0]) for row in rows]
+        if got_sizes != want_sizes:
+            systest.fail(f"table sizes {got_sizes}, expected {want_sizes}\n" + r.describe())
+
+        for row in rows:
+            size, iters = int(row[0]), int(row[1])
+            if iters != a.iters:
+                systest.fail(f"size {size}: {iters} iterations in the table, asked for {a.iters}\n" + r.describe())
+            if kind == "bw":
+                # #bytes #iterations BW-peak BW-average MsgRate
+                if len(row) < 5:
+                    systest.fail(f"bw row with {len(row)} columns: {row}\n" + r.describe())
+                bw_avg, msg_rate = row[3], row[4]
+                if not (bw_avg > 0 and msg_rate > 0):
+                    systest.fail(f"size {size}: BW average {bw_avg} MB/s, rate {msg_rate} Mpps (must be > 0)\n" +
+                                 r.describe())
+            else:
+                # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+                if len(row) < 6:
+                    systest.fail(f"lat row with {len(row)} columns: {row}\n" + r.describe())
+                t_min, t_max, t_typ, t_avg = row[2], row[3], row[4], row[5]
+                if not (t_min > 0 and t_typ > 0 and t_avg > 0 and t_max >= t_min):
+                    systest.fail(f"size {size}: t_min {t_min} t_max {t_max} t_typical {t_typ} t_avg {t_avg} usec "
+                                 "(must be > 0)\n" + r.describe())
+        print(f"PASS: {a.tool} {' '.join(flags)}: {len(rows)} row(s) checked")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
