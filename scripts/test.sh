@@ -27,6 +27,7 @@ echo "== TSan: core and provider suites"
 # Stock programs cannot load a TSan-instrumented plugin, so the cases that run
 # them through `shmrdma run` are left to the other two builds.
 GTEST_FILTER='-StockTools.*:SrqMultiProcess.StockIbvSrqPingpong' \
+TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp" \
   run_suite build-tsan -Db_sanitize=thread -Db_lundef=false -Dsystem_tests=false
 # One plain closing line over every suite that ran.
 python3 - build-test build-asan build-tsan <<'PY'
