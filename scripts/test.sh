@@ -22,7 +22,8 @@ run_suite() {
 echo "== build and test (debugoptimized): every suite"
 run_suite build-test
 echo "== ASan+UBSan: core and provider suites"
-run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dsystem_tests=false
+LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+  run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dsystem_tests=false
 echo "== TSan: core and provider suites"
 # Stock programs cannot load a TSan-instrumented plugin, so the cases that run
 # them through `shmrdma run` are left to the other two builds.

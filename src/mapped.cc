@@ -25,6 +25,11 @@ std::vector<SharedRegion>* g_regions = nullptr;  // leaked on purpose: regions o
 uint64_t page_size() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 
 bool tier_enabled() {
+#if defined(__SANITIZE_ADDRESS__)
+  // Moving whole pages would copy AddressSanitizer's redzones and shadowed
+  // heap memory: ASan builds use the CMA tier only.
+  return false;
+#endif
   const char* e = std::getenv("SHMRDMA_MAPPED");
   return !(e && std::strcmp(e, "0") == 0);
 }

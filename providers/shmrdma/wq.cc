@@ -1,5 +1,6 @@
 // Receive work queues and RSS indirection tables.
 #include <cerrno>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -44,7 +45,9 @@ ibv_wq* create_wq(ibv_context* ibctx, ibv_wq_init_attr* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  if (attr->wq_type != IBV_WQT_RQ) {
+  uint32_t wq_type = 0;  // read as an integer: the caller may pass any value
+  std::memcpy(&wq_type, &attr->wq_type, sizeof wq_type);
+  if (wq_type != IBV_WQT_RQ) {
     errno = EINVAL;
     return nullptr;
   }
