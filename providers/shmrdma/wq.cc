@@ -88,9 +88,11 @@ int modify_wq(ibv_wq* ibwq, ibv_wq_attr* attr) noexcept {
   if (!attr) return EINVAL;
   Wq* wq = to_wq(ibwq);
   WqState now = WqState::kUnknown;
-  int rc = to_ctx(ibwq->context)->core->modify_wq(wq->info.index, attr->attr_mask,
-                                                  static_cast<WqState>(attr->curr_wq_state),
-                                                  static_cast<WqState>(attr->wq_state), &now);
+  uint32_t cur = 0, next = 0;  // read as integers: the caller may pass any value
+  std::memcpy(&cur, &attr->curr_wq_state, sizeof cur);
+  std::memcpy(&next, &attr->wq_state, sizeof next);
+  int rc = to_ctx(ibwq->context)->core->modify_wq(wq->info.index, attr->attr_mask, static_cast<WqState>(cur),
+                                                  static_cast<WqState>(next), &now);
   if (rc) return rc;
   ibwq->state = static_cast<ibv_wq_state>(now);
   return 0;
