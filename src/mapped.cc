@@ -84,11 +84,10 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
   std::lock_guard lk(g_mu);
   try {
     if (!g_regions) g_regions = new std::vector<SharedRegion>();
-    for (const SharedRegion& r : *g_regions)
-      if (s >= r.start && e <= r.start + r.len) {
-        *out = r;
-        return true;
-      }
+    // No reuse of earlier regions: the application may have unmapped one and
+    // got new memory at the same address, and a stale match would send
+    // peers' writes into the old memfd. A range that is already shared is
+    // not private anonymous memory any more and takes the CMA tier below.
     if (g_regions->size() >= kMaxRegions) return false;
   } catch (...) {
     return false;
