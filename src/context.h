@@ -18,6 +18,7 @@
 #include "paths.h"
 #include "peer.h"
 #include "qp.h"
+#include "recv_queue.h"
 #include "registry.h"
 #include "ring.h"
 #include "segment.h"
@@ -79,12 +80,6 @@ inline constexpr uint32_t kAccessOptionalFirst = 1u << 20;  // IBV_ACCESS_OPTION
 inline constexpr uint32_t kRereg_ChangeTranslation = 1u << 0;
 inline constexpr uint32_t kRereg_ChangePd = 1u << 1;
 inline constexpr uint32_t kRereg_ChangeAccess = 1u << 2;
-
-struct SgeIn {
-  uint64_t addr;
-  uint32_t length;
-  uint32_t lkey;
-};
 
 class LocalContext {
  public:

@@ -8,16 +8,6 @@
 
 namespace shmrdma {
 
-namespace {
-
-uint32_t recv_stride(uint32_t max_sge) {
-  return static_cast<uint32_t>(layout::align_up(
-      kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader) + uint64_t{max_sge} * sizeof(layout::WireSge),
-      layout::kCacheLine));
-}
-
-}  // namespace
-
 int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   if (a.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC, UD and XRC come later
   const QpCaps& c = a.caps;
@@ -65,7 +55,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   Ring rq;
   uint32_t stride = 0;
   if (!has_srq) {
-    stride = recv_stride(got.max_recv_sge);
+    stride = recv_wqe_stride(got.max_recv_sge);
     rq_bytes = Ring::bytes_for(got.max_recv_wr, stride);
     rq_off = heap_alloc(rq_bytes);
     if (!rq_off) return ENOMEM;
@@ -156,16 +146,7 @@ int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t 
   if (num_sge > qp->caps.max_recv_sge) return EINVAL;
   uint32_t st = qp->state();
   if (st == IBV_QPS_RESET) return EINVAL;
-  Ring ring = qp->rq;
-  RingResult r = ring.try_reserve();
-  if (!r) return r.status == RingStatus::full ? ENOMEM : EAGAIN;
-  layout::RecvWqeHeader h{wr_id, num_sge, 0};
-  std::memcpy(r.handle.payload, &h, sizeof h);
-  for (uint32_t k = 0; k < num_sge; ++k) {
-    layout::WireSge w{sges[k].addr, sges[k].length, sges[k].lkey};
-    std::memcpy(r.handle.payload + sizeof h + k * sizeof w, &w, sizeof w);
-  }
-  ring.publish(r.handle);
+  if (int rc = post_recv_wqe(qp->rq, wr_id, sges, num_sge)) return rc;
   wake_initiator(qp);  // cq.cc: a peer's send may wait for this receive (RNR)
   if (qp->state() == IBV_QPS_ERR) {
     // Receives posted to a QP in the error state complete with a flush error.

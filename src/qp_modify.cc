@@ -149,13 +149,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     std::lock_guard sq(qp->sq_lock);
     if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
     qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
-    Ring ring = qp->rq;
-    if (qp->rq.attached())
-      for (uint32_t n = 0; n < qp->rq.capacity(); ++n) {
-        RingResult r = ring.try_claim();
-        if (!r) break;
-        ring.release(r.handle);
-      }
+    if (qp->rq.attached()) drain_recv_ring(qp->rq, [](uint64_t) {});
     qp->peer.reset();
     qp->rq_flushed = false;
     qp->attr = QpAttr{};

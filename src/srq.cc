@@ -23,23 +23,13 @@
 
 namespace shmrdma {
 
-namespace {
-
-uint32_t srq_stride(uint32_t max_sge) {
-  return static_cast<uint32_t>(layout::align_up(
-      kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader) + uint64_t{max_sge} * sizeof(layout::WireSge),
-      layout::kCacheLine));
-}
-
-}  // namespace
-
 int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, SrqInfo* out) noexcept {
   if (max_wr < 1 || max_wr > limits::kMaxSrqWr || max_sge > limits::kMaxSrqSge) return EINVAL;
   uint32_t capacity = Ring::capacity_for(max_wr);
   // An SRQ always has room for at least one SGE: max_sge 0 is handed back as 1.
   uint32_t sges = round_up_pow2(std::max<uint32_t>(max_sge, 1));
   if (capacity == 0 || capacity > limits::kMaxSrqWr || sges > limits::kMaxSrqSge) return EINVAL;
-  uint32_t stride = srq_stride(sges);
+  uint32_t stride = recv_wqe_stride(sges);
   std::lock_guard lk(mu_);
   if (srqs_.empty()) {
     try {
@@ -136,18 +126,7 @@ int LocalContext::destroy_srq(uint32_t index) noexcept {
 
 int LocalContext::post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
   if (num_sge > srq.max_sge || (num_sge && !sges)) return EINVAL;
-  Ring ring = srq.ring;
-  RingResult r = ring.try_reserve();
-  if (!r) return r.status == RingStatus::full ? ENOMEM : EAGAIN;
-  layout::RecvWqeHeader h{wr_id, num_sge, 0};
-  std::memcpy(r.handle.payload, &h, sizeof h);
-  auto* out = r.handle.payload + sizeof h;
-  for (uint32_t k = 0; k < num_sge; ++k) {
-    layout::WireSge w{sges[k].addr, sges[k].length, sges[k].lkey};
-    std::memcpy(out + k * sizeof w, &w, sizeof w);
-  }
-  ring.publish(r.handle);
-  return 0;
+  return post_recv_wqe(srq.ring, wr_id, sges, num_sge);
 }
 
 void LocalContext::set_srq_user(uint32_t index, void* user) noexcept {

@@ -181,22 +181,15 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   }
   qp->sq_retire = qp->sq_exec;
   if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
-  if (qp->rq.attached()) {
-    Ring ring = qp->rq;
-    for (uint32_t n = 0; n < ring.capacity(); ++n) {
-      RingResult r = ring.try_claim();
-      if (!r) break;
-      layout::RecvWqeHeader h;
-      std::memcpy(&h, r.handle.payload, sizeof h);
-      ring.release(r.handle);
+  if (qp->rq.attached())
+    drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
       layout::Cqe c{};
-      c.wr_id = h.wr_id;
+      c.wr_id = wr_id;
       c.status = IBV_WC_WR_FLUSH_ERR;
       c.opcode = IBV_WC_RECV;
       c.qp_num = qp->qpn;
       (void)push_cqe(qp->recv_cq, c);
-    }
-  }
+    });
   const bool first_flush = !qp->rq_flushed;
   qp->rq_flushed = true;
   // A QP on an SRQ reports that no more receives will complete on it

@@ -13,12 +13,6 @@ namespace shmrdma {
 
 namespace {
 
-uint32_t wqe_stride(uint32_t max_sge) {
-  return static_cast<uint32_t>(layout::align_up(
-      kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader) + uint64_t{max_sge} * sizeof(layout::WireSge),
-      layout::kCacheLine));
-}
-
 bool transition_allowed(WqState from, WqState to) {
   switch (to) {
     case WqState::kReset: return true;                         // any state may be reset
@@ -36,7 +30,7 @@ int LocalContext::create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t 
   // A WQ always has room for at least one SGE: max_sge 0 is handed back as 1.
   uint32_t sges = round_up_pow2(std::max<uint32_t>(max_sge, 1));
   if (capacity == 0 || capacity > limits::kMaxQpWr || sges > limits::kMaxSge) return EINVAL;
-  uint32_t stride = wqe_stride(sges);
+  uint32_t stride = recv_wqe_stride(sges);
   std::lock_guard lk(mu_);
   if (pd >= pds_.size() || !pds_[pd].live || cq >= cqs_.size() || !cqs_[cq].live) return EINVAL;
   uint32_t i = 0;
@@ -107,12 +101,7 @@ int LocalContext::modify_wq(uint32_t index, uint32_t attr_mask, WqState curr, Wq
       // is drained rather than re-formatted: a peer that claimed a slot just
       // before the state change still releases it into the same lap.
       e->wq_state.store(static_cast<uint32_t>(WqState::kReset), std::memory_order_release);
-      Ring ring = info.ring;
-      for (uint32_t n = 0; n < info.capacity; ++n) {
-        RingResult r = ring.try_claim();
-        if (!r) break;
-        ring.release(r.handle);
-      }
+      drain_recv_ring(info.ring, [](uint64_t) {});
     } else {
       e->wq_state.store(static_cast<uint32_t>(next), std::memory_order_release);
     }
@@ -124,38 +113,21 @@ int LocalContext::modify_wq(uint32_t index, uint32_t attr_mask, WqState curr, Wq
 }
 
 void LocalContext::flush_wq(const WqInfo& wq) noexcept {
-  Ring ring = wq.ring;
-  // Bounded: at most one lap of the ring is ever outstanding.
-  for (uint32_t n = 0; n < wq.capacity; ++n) {
-    RingResult r = ring.try_claim();
-    if (!r) break;
-    layout::RecvWqeHeader h;
-    std::memcpy(&h, r.handle.payload, sizeof h);
-    ring.release(r.handle);
+  drain_recv_ring(wq.ring, [&](uint64_t wr_id) {
     layout::Cqe c{};
-    c.wr_id = h.wr_id;
+    c.wr_id = wr_id;
     c.status = kWcWrFlushErr;
     c.opcode = kWcOpRecv;
     c.qp_num = wq.wq_num;
     (void)push_cqe(wq.cq_index, c);  // a full CQ loses it, as an overrun would
-  }
+  });
 }
 
 int LocalContext::post_wq_recv(const WqInfo& wq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
   if (num_sge > wq.max_sge) return EINVAL;
   WqState st = wq_state(wq.index);
   if (st != WqState::kRdy && st != WqState::kErr) return EINVAL;
-  Ring ring = wq.ring;
-  RingResult r = ring.try_reserve();
-  if (!r) return r.status == RingStatus::full ? ENOMEM : EAGAIN;
-  layout::RecvWqeHeader h{wr_id, num_sge, 0};
-  std::memcpy(r.handle.payload, &h, sizeof h);
-  auto* out = r.handle.payload + sizeof h;
-  for (uint32_t k = 0; k < num_sge; ++k) {
-    layout::WireSge w{sges[k].addr, sges[k].length, sges[k].lkey};
-    std::memcpy(out + k * sizeof w, &w, sizeof w);
-  }
-  ring.publish(r.handle);
+  if (int rc = post_recv_wqe(wq.ring, wr_id, sges, num_sge)) return rc;
   // A WQ in the error state completes what is posted to it with a flush
   // error right away; recheck after publishing so a concurrent move to ERR
   // cannot strand this WQE.
