@@ -321,6 +321,9 @@ void kill_round(const std::string& mode) {
   bool reported = survivor.wait_output("SURVIVOR", t_kill + std::chrono::seconds(10));
   double ms = std::chrono::duration<double, std::milli>(dp::Clock::now() - t_kill).count();
   if (!reported) {
+    // Let the survivor print its own diagnosis (it gives up 10 s after its
+    // first error completion), then stop it.
+    survivor.wait_output("FAIL", dp::Clock::now() + std::chrono::seconds(5));
     survivor.drain(100);
     std::string out = dump();
     survivor.kill();

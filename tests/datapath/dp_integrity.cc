@@ -556,6 +556,9 @@ int run_server(uint64_t seed) {
   if (ibv_destroy_qp(v.qp) || ibv_dereg_mr(rmr) || ibv_dereg_mr(amr) || ibv_dereg_mr(xmr) || ibv_destroy_cq(v.cq) ||
       ibv_dealloc_pd(v.pd) || ibv_close_device(v.ctx))
     die("server: teardown failed");
+  std::free(R);
+  std::free(A);
+  std::free(RX);
   std::printf("SERVER OK\n");
   return 0;
 }
@@ -666,7 +669,7 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
     if (op.kind == kRead) {
       uint64_t msg = 0;
       for (const auto& pc : p.lay.pieces) {
-        if (std::memcmp(area + pc.off, p.expect.data() + msg, pc.len) != 0) {
+        if (pc.len && std::memcmp(area + pc.off, p.expect.data() + msg, pc.len) != 0) {
           uint64_t k = 0;
           while (area[pc.off + k] == p.expect[msg + k]) ++k;
           die("client: op %" PRIu64 " (READ of %u bytes at remote offset %" PRIu64 " into %zu SGEs): byte %" PRIu64
@@ -893,6 +896,8 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
   if (ibv_destroy_qp(v.qp) || ibv_dereg_mr(lmr) || ibv_destroy_cq(v.cq) || ibv_dealloc_pd(v.pd) ||
       ibv_close_device(v.ctx))
     die("client: teardown failed");
+  pending.clear();
+  std::free(L);
   std::printf("CLIENT OK\n");
   return 0;
 }

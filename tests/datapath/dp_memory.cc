@@ -22,6 +22,8 @@
 //   twice    the same buffer under two MRs; the first is deregistered
 //   fork     a child forked after the registration writes to its copy of the
 //            buffer; the parent must not see that write
+//   fork-neighbor  the same for a small allocation that shares a page with a
+//            registered heap buffer (memory the application never registered)
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
@@ -49,6 +51,7 @@ constexpr size_t kProbe = 256u << 10;  // the peer writes the first and reads th
 constexpr uint8_t kOld = 0x33;      // content before the buffer was freed / re-made
 constexpr uint8_t kCurrent = 0x22;  // what the owner holds when the peer reads
 constexpr uint8_t kWritten = 0x77;  // what the peer writes
+char* g_neighbor = nullptr;         // fork-neighbor
 
 [[noreturn]] void die(const char* fmt, ...) {
   va_list ap;
@@ -149,6 +152,23 @@ uint8_t* remake(const std::string& scenario, Ep& e, std::vector<ibv_mr*>* keep, 
     *note = std::to_string(fd);  // the owner checks the file through this descriptor
     return static_cast<uint8_t*>(p);
   }
+  if (scenario == "fork-neighbor") {
+    // A heap buffer that ends inside a page, and a small allocation placed
+    // in that same page.
+    size_t n = (64u << 10) + 100;
+    auto* p = static_cast<uint8_t*>(std::malloc(n));
+    if (!p) die("malloc");
+    const uintptr_t first = reinterpret_cast<uintptr_t>(p) / 4096, last = (reinterpret_cast<uintptr_t>(p) + n - 1) / 4096;
+    for (int i = 0; i < 64 && !g_neighbor; ++i) {
+      auto* c = static_cast<char*>(std::malloc(48));
+      uintptr_t pg = reinterpret_cast<uintptr_t>(c) / 4096;
+      if (pg >= first && pg <= last) g_neighbor = c;
+    }
+    if (!g_neighbor) die("could not place an allocation in a page of the buffer");
+    *g_neighbor = 'P';
+    *note = "neighbor allocation in the buffer's last page";
+    return p;
+  }
   if (scenario == "twice" || scenario == "fork") {
     void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) die("mmap");
@@ -169,7 +189,8 @@ int run_owner(const std::string& scenario) {
   std::vector<ibv_mr*> extra;
   std::string note;
   uint8_t* buf = remake(scenario, e, &extra, &note);
-  size_t len = scenario == "heap" ? (64u << 10) : scenario == "realloc" ? kBigLen : kLen;
+  size_t len = scenario == "heap" ? (64u << 10) : scenario == "realloc" ? kBigLen
+             : scenario == "fork-neighbor" ? (64u << 10) + 100 : kLen;
   std::memset(buf, kCurrent, len);
   ibv_mr* mr = ibv_reg_mr(e.pd, buf, len, kRemote);
   if (!mr) die("ibv_reg_mr: %s", std::strerror(errno));
@@ -188,6 +209,20 @@ int run_owner(const std::string& scenario) {
       die("a child forked after ibv_reg_mr wrote to its copy of the buffer and the parent sees it (byte 0 is "
           "0x%02x, expected 0x%02x): fork() no longer gives the child a private copy of registered memory",
           buf[0], kCurrent);
+  }
+  if (scenario == "fork-neighbor") {
+    // The child writes into its copy of an allocation that was never
+    // registered (it only shares a page with a registered buffer).
+    pid_t c = ::fork();
+    if (c == 0) {
+      *g_neighbor = 'C';
+      std::_Exit(0);
+    }
+    int st = 0;
+    ::waitpid(c, &st, 0);
+    if (*g_neighbor != 'P')
+      die("a child forked after ibv_reg_mr wrote to its copy of a 48-byte malloc() block that only shares a page "
+          "with the registered buffer, and the parent sees the write: fork() no longer isolates unregistered memory");
   }
   // The application keeps using the buffer after registration.
   buf[len - 1] = kCurrent;
@@ -228,6 +263,11 @@ int run_owner(const std::string& scenario) {
     die("scenario %s (%s): the peer's RDMA READ did not return the owner's memory: %s", scenario.c_str(), note.c_str(),
         line.c_str());
   ctl.send_line("BYE");
+  if (ibv_destroy_qp(e.qp) || ibv_dereg_mr(mr) || ibv_destroy_cq(e.cq) || ibv_dealloc_pd(e.pd) ||
+      ibv_close_device(e.ctx))
+    die("teardown");
+  if (scenario == "realloc" || scenario == "heap" || scenario == "fork-neighbor") std::free(buf);
+  else ::munmap(buf, len);
   std::printf("OWNER OK %s\n", scenario.c_str());
   return 0;
 }
@@ -288,6 +328,10 @@ int run_peer() {
     }
   ctl.send_line(result);
   ctl.poll_line(&line, 30000);
+  if (ibv_destroy_qp(e.qp) || ibv_dereg_mr(mr) || ibv_destroy_cq(e.cq) || ibv_dealloc_pd(e.pd) ||
+      ibv_close_device(e.ctx))
+    die("teardown");
+  std::free(mem);
   std::printf("PEER done: %s\n", result.c_str());
   return 0;
 }
@@ -326,8 +370,14 @@ TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Memory,
-                         ::testing::Values("plain", "remap", "realloc", "heap", "file", "twice", "fork"),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+                         ::testing::Values("plain", "remap", "realloc", "heap", "file", "twice", "fork",
+                                           "fork-neighbor"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 }  // namespace
 

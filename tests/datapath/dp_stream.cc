@@ -420,6 +420,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
   for (auto& s : q)
     if (ibv_destroy_qp(s.qp)) die("ibv_destroy_qp");
   if (ibv_dereg_mr(mr) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx)) die("teardown");
+  std::free(mem);
   std::printf("STREAM OK side=%s qps=%u threads=%u tx=%" PRIu64 " rx=%" PRIu64 " rx_bytes=%" PRIu64 "\n", name.c_str(),
               nqps, nthreads, tx_msgs.load(), rx_msgs.load(), rx_bytes.load());
   return 0;
