@@ -97,6 +97,24 @@ uint64_t LocalContext::heap_alloc(uint64_t bytes) noexcept {
   return heap_.allocate(bytes, align);
 }
 
+int LocalContext::alloc_ring(uint32_t capacity, uint32_t stride, Ring* ring, uint64_t* off,
+                             uint64_t* bytes) noexcept {
+  uint64_t n = Ring::bytes_for(capacity, stride);
+  if (n == 0) return EINVAL;
+  uint64_t o = heap_alloc(n);
+  if (!o) return ENOMEM;
+  auto* rs = map_.at<RingShared>(o);
+  auto r = Ring::format(rs, Ring::slots_after(rs), capacity, stride);
+  if (!r) {
+    heap_free(o, n);
+    return EINVAL;
+  }
+  *ring = *r;
+  *off = o;
+  *bytes = n;
+  return 0;
+}
+
 void LocalContext::heap_free(uint64_t off, uint64_t bytes) noexcept {
   // Give the pages back before the range can be reused, so a destroyed
   // queue's memory does not stay charged to tmpfs, then zero what remains

@@ -250,6 +250,9 @@ class LocalContext {
   int charge(layout::ObjKind k, uint32_t limit) noexcept;
   void uncharge(layout::ObjKind k) noexcept;
   uint64_t heap_alloc(uint64_t bytes) noexcept;
+  // Allocates and formats a ring in the heap. 0 with *ring, *off, *bytes set;
+  // ENOMEM (heap full) or EINVAL (geometry) with nothing allocated.
+  int alloc_ring(uint32_t capacity, uint32_t stride, Ring* ring, uint64_t* off, uint64_t* bytes) noexcept;
   void heap_free(uint64_t off, uint64_t bytes) noexcept;
   // Moves every posted WQE of a WQ in the error state to its CQ as a
   // flush-error completion.

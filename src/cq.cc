@@ -300,15 +300,9 @@ int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqIn
   uint32_t i = 0;
   while (i < cqs_.size() && cqs_[i].live) ++i;
   if (i == cqs_.size()) return ENOMEM;
-  uint64_t bytes = Ring::bytes_for(capacity, kCqeStride);
-  uint64_t off = heap_alloc(bytes);
-  if (!off) return ENOMEM;
-  auto* rs = map_.at<RingShared>(off);
-  auto ring = Ring::format(rs, Ring::slots_after(rs), capacity, kCqeStride);
-  if (!ring) {
-    heap_free(off, bytes);
-    return EINVAL;
-  }
+  Ring ring;
+  uint64_t off = 0, bytes = 0;
+  if (int rc = alloc_ring(capacity, kCqeStride, &ring, &off, &bytes)) return rc;
   if (int rc = charge(layout::kObjCq, limits::kMaxCq)) {
     heap_free(off, bytes);
     return rc;
@@ -330,7 +324,7 @@ int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqIn
   s.live = true;
   s.ring_off = off;
   s.ring_bytes = bytes;
-  s.info = CqInfo{i, capacity, *ring};
+  s.info = CqInfo{i, capacity, ring};
   s.channel = chan;
   s.flags = flags;
   if (channel != layout::kNoIndex) chans_[channel].refs += 1;
@@ -366,15 +360,9 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   if (index >= cqs_.size() || !cqs_[index].live) return EINVAL;
   CqState& s = cqs_[index];
   auto* e = table<layout::CqEntry>(layout_.cq_table) + index;
-  uint64_t bytes = Ring::bytes_for(capacity, kCqeStride);
-  uint64_t off = heap_alloc(bytes);
-  if (!off) return ENOMEM;
-  auto* rs = map_.at<RingShared>(off);
-  auto fresh = Ring::format(rs, Ring::slots_after(rs), capacity, kCqeStride);
-  if (!fresh) {
-    heap_free(off, bytes);
-    return EINVAL;
-  }
+  Ring fresh;
+  uint64_t off = 0, bytes = 0;
+  if (int rc = alloc_ring(capacity, kCqeStride, &fresh, &off, &bytes)) return rc;
   e->resizing.store(1, std::memory_order_seq_cst);
   if (!wait_producers(e)) {
     e->resizing.store(0, std::memory_order_release);
@@ -389,7 +377,7 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
     heap_free(off, bytes);
     return EINVAL;
   }
-  Ring next = *fresh;
+  Ring next = fresh;
   for (uint32_t k = 0; k < old.capacity(); ++k) {
     RingResult r = old.try_claim_sc();
     if (!r) break;

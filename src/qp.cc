@@ -56,16 +56,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   uint32_t stride = 0;
   if (!has_srq) {
     stride = recv_wqe_stride(got.max_recv_sge);
-    rq_bytes = Ring::bytes_for(got.max_recv_wr, stride);
-    rq_off = heap_alloc(rq_bytes);
-    if (!rq_off) return ENOMEM;
-    auto* rs = map_.at<RingShared>(rq_off);
-    auto r = Ring::format(rs, Ring::slots_after(rs), got.max_recv_wr, stride);
-    if (!r) {
-      heap_free(rq_off, rq_bytes);
-      return EINVAL;
-    }
-    rq = *r;
+    if (int rc = alloc_ring(got.max_recv_wr, stride, &rq, &rq_off, &rq_bytes)) return rc;
   }
   if (int rc = charge(layout::kObjQp, limits::kMaxQp)) {
     if (rq_bytes) heap_free(rq_off, rq_bytes);

@@ -42,15 +42,9 @@ int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, Srq
   uint32_t i = 0;
   while (i < srqs_.size() && srqs_[i].live) ++i;
   if (i == srqs_.size()) return ENOMEM;
-  uint64_t bytes = Ring::bytes_for(capacity, stride);
-  uint64_t off = heap_alloc(bytes);
-  if (!off) return ENOMEM;
-  auto* rs = map_.at<RingShared>(off);
-  auto ring = Ring::format(rs, Ring::slots_after(rs), capacity, stride);
-  if (!ring) {
-    heap_free(off, bytes);
-    return EINVAL;
-  }
+  Ring ring;
+  uint64_t off = 0, bytes = 0;
+  if (int rc = alloc_ring(capacity, stride, &ring, &off, &bytes)) return rc;
   if (int rc = charge(layout::kObjSrq, limits::kMaxSrq)) {
     heap_free(off, bytes);
     return rc;
@@ -75,7 +69,7 @@ int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, Srq
   s.pd = pd;
   s.ring_off = off;
   s.ring_bytes = bytes;
-  s.info = SrqInfo{i, srq_num, capacity, sges, *ring};
+  s.info = SrqInfo{i, srq_num, capacity, sges, ring};
   pds_[pd].refs += 1;
   *out = s.info;
   return 0;

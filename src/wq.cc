@@ -36,15 +36,9 @@ int LocalContext::create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t 
   uint32_t i = 0;
   while (i < wqs_.size() && wqs_[i].live) ++i;
   if (i == wqs_.size()) return ENOMEM;
-  uint64_t bytes = Ring::bytes_for(capacity, stride);
-  uint64_t off = heap_alloc(bytes);
-  if (!off) return ENOMEM;
-  auto* rs = map_.at<RingShared>(off);
-  auto ring = Ring::format(rs, Ring::slots_after(rs), capacity, stride);
-  if (!ring) {
-    heap_free(off, bytes);
-    return EINVAL;
-  }
+  Ring ring;
+  uint64_t off = 0, bytes = 0;
+  if (int rc = alloc_ring(capacity, stride, &ring, &off, &bytes)) return rc;
   if (int rc = charge(layout::kObjWq, limits::kMaxWq)) {
     heap_free(off, bytes);
     return rc;
@@ -70,7 +64,7 @@ int LocalContext::create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t 
   s.cq = cq;
   s.ring_off = off;
   s.ring_bytes = bytes;
-  s.info = WqInfo{i, wq_num, capacity, sges, cq, *ring};
+  s.info = WqInfo{i, wq_num, capacity, sges, cq, ring};
   pds_[pd].refs += 1;
   cqs_[cq].refs += 1;
   *out = s.info;
