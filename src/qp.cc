@@ -15,9 +15,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
       c.max_recv_sge > limits::kMaxSge || c.max_inline_data > limits::kMaxInlineData)
     return EINVAL;
   bool has_srq = a.srq != layout::kNoIndex;
-  if (has_srq && (c.max_recv_wr || c.max_recv_sge)) {
-    // The man page: with an SRQ the receive caps are ignored. Accept them.
-  }
+  // With an SRQ no receive queue is allocated: its caps only pass the limit check above.
   std::unique_ptr<Qp> qp(new (std::nothrow) Qp());
   if (!qp) return ENOMEM;
   // Send queue: at least one WQE, rounded up to a power of two.

@@ -100,15 +100,13 @@ ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
 // qp.cc
-using ops_fn_post_send = int (*)(ibv_qp*, ibv_send_wr*, ibv_send_wr**);
-using ops_fn_post_recv = int (*)(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**);
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
 ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;
 int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
 int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
 int destroy_qp(ibv_qp*) noexcept;
-ops_fn_post_send post_send_op() noexcept;
-ops_fn_post_recv post_recv_op() noexcept;
+int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
+int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
 // wq.cc
 ibv_wq* create_wq(ibv_context*, ibv_wq_init_attr*) noexcept;
 int modify_wq(ibv_wq*, ibv_wq_attr*) noexcept;

@@ -77,6 +77,8 @@ void from_core(const QpAttr& c, const QpCaps& caps, ibv_qp_attr* a) {
   a->rnr_retry = c.rnr_retry;
 }
 
+}  // namespace
+
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   QpObj* qp = to_qp(ibqp);
   LocalContext* core = to_ctx(ibqp->context)->core;
@@ -132,6 +134,8 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   }
   return 0;
 }
+
+namespace {
 
 ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, void* qp_context) noexcept {
   if (!pd || !attr.send_cq || !attr.recv_cq || pd->context != ibctx || attr.send_cq->context != ibctx ||
@@ -284,7 +288,5 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   return 0;
 }
 
-ops_fn_post_send post_send_op() noexcept { return post_send; }
-ops_fn_post_recv post_recv_op() noexcept { return post_recv; }
 
 }  // namespace shmrdma::provider
