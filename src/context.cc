@@ -32,6 +32,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->inds_.resize(c->layout_.ind_slots);
     c->mrs_.resize(c->layout_.mr_slots);
     c->qps_.resize(c->layout_.qp_slots);
+    c->live_qps_.reserve(c->layout_.qp_slots);
   } catch (const std::bad_alloc&) {
     return ENOMEM;  // the destructor removes the segment and the slot
   }

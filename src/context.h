@@ -295,6 +295,7 @@ class LocalContext {
   std::vector<IndState> inds_;
   std::vector<MrState> mrs_;
   std::vector<std::unique_ptr<Qp>> qps_;
+  std::vector<Qp*> live_qps_;  // the non-null entries of qps_, for progress_all
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   uint32_t attention_seen_ = 0;
   std::atomic<uint32_t> polls_{0};

@@ -99,6 +99,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   cqs_[a.recv_cq].refs += 1;
   if (has_srq) srq_ref(a.srq, +1);  // destroy_srq: EBUSY while attached
   *out = qp.get();
+  live_qps_.push_back(qp.get());  // never allocates: reserved for every slot at open
   qps_[i] = std::move(qp);
   return 0;
 }
@@ -119,6 +120,7 @@ int LocalContext::destroy_qp(Qp* qp) noexcept {
   if (cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;
   if (cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
   if (qp->srq != layout::kNoIndex) srq_ref(qp->srq, -1);
+  live_qps_.erase(std::find(live_qps_.begin(), live_qps_.end(), qp));
   qps_[qp->index].reset();
   uncharge(layout::kObjQp);
   return 0;

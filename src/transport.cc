@@ -537,15 +537,16 @@ void LocalContext::progress_all() noexcept {
   std::lock_guard lk(mu_);
   bool attention = att != attention_seen_;
   attention_seen_ = att;
-  for (auto& q : qps_) {
-    if (!q) continue;
-    if (liveness) check_peer(q.get());
+  // Only live QPs: the cost follows the QPs this context has, not the size
+  // of its QP table.
+  for (Qp* q : live_qps_) {
+    if (liveness) check_peer(q);
     if (attention && q->state() == IBV_QPS_ERR && !q->rq_flushed) {
       std::lock_guard sq(q->sq_lock);
-      flush_qp(q.get());
+      flush_qp(q);
       continue;
     }
-    if (q->sq_pending.load(std::memory_order_relaxed)) progress(q.get());
+    if (q->sq_pending.load(std::memory_order_relaxed)) progress(q);
   }
 }
 
