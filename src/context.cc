@@ -7,6 +7,7 @@
 #include <new>
 
 #include "async.h"
+#include "mapped.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -76,6 +77,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 
 LocalContext::~LocalContext() {
   close_channels();  // cq.cc: channel FIFOs the application did not destroy
+  for (const MrState& m : mrs_)
+    if (m.live && m.region.memfd >= 0) release_region(m.region);  // MRs the application did not deregister
   if (async_read_fd_ >= 0) ::close(async_read_fd_);
   if (async_write_fd_ >= 0) ::close(async_write_fd_);
   if (map_.base()) {

@@ -242,6 +242,7 @@ class LocalContext {
     bool live = false;
     uint32_t pd = 0, lkey = 0, rkey = 0, access = 0;
     uint64_t addr = 0, length = 0, iova = 0;
+    SharedRegion region;  // the mapped tier's region (memfd -1: CMA tier)
   };
   struct IndState { bool live = false; std::vector<uint32_t> wqs; uint64_t list_off = 0, list_bytes = 0; };
 

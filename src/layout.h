@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -205,12 +205,15 @@ struct MrEntry {
   // holds open as fd `memfd`; the region [map_start, map_start + map_len) of
   // the owner's address space is that memfd from offset 0, so a peer maps it
   // and reaches host_addr at offset host_addr - map_start.
+  // map_id is the memfd's inode number: fd numbers are reused, so a peer
+  // checks it when it opens the fd and keys its mappings by it.
   uint32_t tier;
   int32_t memfd;
   uint64_t map_start;
   uint64_t map_len;
+  uint64_t map_id;
 };
-static_assert(sizeof(MrEntry) == 72);
+static_assert(sizeof(MrEntry) == 80);
 
 enum MrTier : uint32_t { kTierCma = 0, kTierMapped = 1 };
 
@@ -244,9 +247,19 @@ struct QpEntry {
   // Set by an initiator whose sends to this QP wait for a receive (RNR);
   // the owner's post_recv wakes it.
   std::atomic<uint32_t> initiator_waiting;
-  uint32_t reserved;
+  // A receive WQE the (one, RC) initiator has taken from this QP's RQ or SRQ
+  // and not completed yet: 1 while taken, with its wr_id. Whoever exchanges
+  // it back to 0 completes the WQE: the initiator when it pushes the receive
+  // completion, or the owner when it flushes (the initiator died, or the QP
+  // entered the error state), so a WQE completes once even if the initiator
+  // dies while it moves the data.
+  // The word counts takes: odd while one is outstanding; completing
+  // exchanges the odd value for the next even one (compare-exchange, so a
+  // late initiator cannot complete a WQE the owner already flushed).
+  std::atomic<uint32_t> rx_inflight;
+  std::atomic<uint64_t> rx_inflight_wr_id;
 };
-static_assert(sizeof(QpEntry) == 88);
+static_assert(sizeof(QpEntry) == 96);
 
 struct SrqEntry {
   std::atomic<uint32_t> state;

@@ -6,8 +6,14 @@
 // single-threaded process is moved into a memfd in place (the bytes are
 // copied into the memfd and the memfd is mremap()ed over the same
 // addresses: the application sees the same memory at the same address).
-// From then on the pages are shared: a later fork() shares them with the
-// child instead of copying them. SHMRDMA_MAPPED=0 turns the tier off.
+// Several MRs on one range share its region (reference-counted). When the
+// last MR on a region goes, the range is moved back into private anonymous
+// memory the same way (when the process is single-threaded again; else the
+// memfd is closed and the mapping stays shared until the application unmaps
+// it). fork() keeps the semantics of private memory: a pthread_atfork child
+// handler gives the child a private copy of every shared range (the parent
+// keeps the registered pages, as with pinned pages on an HCA), and closes
+// the memfds in the child. SHMRDMA_MAPPED=0 turns the tier off.
 //
 // Peer side: the memfd is opened through /proc/<owner>/fd/<n> (the same
 // permission as process_vm_writev) and mapped once per region.
@@ -19,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 namespace shmrdma {
 
@@ -26,12 +33,16 @@ struct SharedRegion {
   int memfd = -1;
   uint64_t start = 0;  // page-aligned address in the owner
   uint64_t len = 0;    // page multiple
+  uint64_t id = 0;     // the memfd's inode number: peers check it when they open the fd
 };
 
 // Makes [addr, addr + len) part of a shared region, creating one when the
 // memory qualifies (see above). Returns false when it does not: the MR then
 // uses the CMA tier. Process-wide; thread-safe.
 bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept;
+
+// Drops one reference taken by share_region (see above for the last one).
+void release_region(const SharedRegion& r) noexcept;
 
 // A peer's view of one of its regions.
 struct PeerMapping {
@@ -43,17 +54,18 @@ struct PeerMapping {
 
 class PeerMappings {
  public:
-  // The local view of the owner's region (memfd number in the owner,
-  // region start and length from the owner's untrusted MrEntry). nullptr
+  // The local view of the owner's region (memfd number and inode in the
+  // owner, region start and length from the owner's untrusted MrEntry). nullptr
   // when it cannot be mapped.
-  std::shared_ptr<PeerMapping> get(pid_t owner, int memfd, uint64_t start, uint64_t len) noexcept;
+  std::shared_ptr<PeerMapping> get(pid_t owner, int memfd, uint64_t id, uint64_t start, uint64_t len) noexcept;
 
  private:
   struct Key {
+    uint64_t id;
     int memfd;
     uint64_t start, len;
     bool operator<(const Key& o) const {
-      return memfd != o.memfd ? memfd < o.memfd : start != o.start ? start < o.start : len < o.len;
+      return std::tie(id, memfd, start, len) < std::tie(o.id, o.memfd, o.start, o.len);
     }
   };
   std::mutex mu_;

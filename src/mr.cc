@@ -54,20 +54,25 @@ int check_mapped(uint64_t addr, uint64_t length) {
   return 0;
 }
 
-// Chooses the data-mover tier of an MR (mapped.h) and records it for peers.
-void publish_tier(layout::MrEntry* e, uint64_t addr, uint64_t length) {
+// Chooses the data-mover tier of an MR (mapped.h) and records it for peers;
+// *region is what the MR holds (release_region when it goes).
+void publish_tier(layout::MrEntry* e, uint64_t addr, uint64_t length, SharedRegion* region) {
   SharedRegion r;
   if (share_region(addr, length, &r)) {
     e->tier = layout::kTierMapped;
     e->memfd = r.memfd;
     e->map_start = r.start;
     e->map_len = r.len;
+    e->map_id = r.id;
   } else {
+    r = SharedRegion{};
     e->tier = layout::kTierCma;
     e->memfd = -1;
     e->map_start = 0;
     e->map_len = 0;
+    e->map_id = 0;
   }
+  *region = r;
 }
 
 }  // namespace
@@ -107,7 +112,7 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   e->iova = iova;
   e->length = length;
   e->host_addr = addr;
-  publish_tier(e, addr, length);
+  publish_tier(e, addr, length, &s.region);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   pds_[pd].refs += 1;
   *out = MrInfo{i, s.lkey, s.rkey};
@@ -149,7 +154,11 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
   e->iova = next.iova;
   e->length = next.length;
   e->host_addr = next.addr;
-  publish_tier(e, next.addr, next.length);
+  if (flags & kRereg_ChangeTranslation) {
+    // The new range first, then the old one goes: a region both share stays.
+    publish_tier(e, next.addr, next.length, &next.region);
+    if (mrs_[index].region.memfd >= 0) release_region(mrs_[index].region);
+  }
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   if (next.pd != mrs_[index].pd) {
     pds_[mrs_[index].pd].refs -= 1;
@@ -165,6 +174,7 @@ int LocalContext::destroy_mr(uint32_t index) noexcept {
   if (index >= mrs_.size() || !mrs_[index].live) return EINVAL;
   table<layout::MrEntry>(layout_.mr_table)[index].state.store(layout::kFree, std::memory_order_release);
   if (pds_[mrs_[index].pd].refs) pds_[mrs_[index].pd].refs -= 1;
+  if (mrs_[index].region.memfd >= 0) release_region(mrs_[index].region);
   mrs_[index] = MrState{};
   uncharge(layout::kObjMr);
   return 0;

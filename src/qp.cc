@@ -80,6 +80,8 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->dest_qpn = 0;
   e->access = 0;
   e->initiator_waiting.store(0, std::memory_order_relaxed);
+  e->rx_inflight.store(0, std::memory_order_relaxed);
+  e->rx_inflight_wr_id.store(0, std::memory_order_relaxed);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   qp->index = i;
   qp->qpn = qpn;

@@ -160,6 +160,7 @@ struct Qp {
     std::shared_ptr<PeerMapping> map;
     uint32_t peer_slot = 0, peer_generation = 0;
     int memfd = -1;
+    uint64_t map_id = 0;
   };
   std::array<MapCacheEntry, 4> map_cache{};
   uint32_t map_cache_next = 0;

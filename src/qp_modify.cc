@@ -150,6 +150,10 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
     qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
     if (qp->rq.attached()) drain_recv_ring(qp->rq, [](uint64_t) {});
+    // A receive an initiator still holds is discarded too: its completion
+    // would find the take already ended.
+    uint32_t taken = e->rx_inflight.load(std::memory_order_acquire);
+    if (taken & 1) e->rx_inflight.compare_exchange_strong(taken, taken + 1, std::memory_order_acq_rel);
     qp->peer.reset();
     qp->rq_flushed = false;
     qp->attr = QpAttr{};

@@ -76,7 +76,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   uint64_t iova = e->iova, length = e->length, host = e->host_addr;
   uint32_t tier = e->tier;
   int memfd = e->memfd;
-  uint64_t map_start = e->map_start, map_len = e->map_len;
+  uint64_t map_start = e->map_start, map_len = e->map_len, map_id = e->map_id;
   if (k != key || e->pd_index != pd || (e->access & need) != need) return false;
   if (addr < iova || len > length || addr - iova > length - len) return false;
   out->host = host + (addr - iova);
@@ -92,18 +92,19 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   // Small per-QP cache of mappings: the common case takes no lock.
   for (auto& c : qp->map_cache)
     if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.memfd == memfd &&
-        c.map->start == map_start && c.map->len == map_len) {
+        c.map_id == map_id && c.map->start == map_start && c.map->len == map_len) {
       out->local = c.map->base + (out->host - map_start);
       out->mapped = true;
       return true;
     }
-  std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, memfd, map_start, map_len);
+  std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, memfd, map_id, map_start, map_len);
   if (!m) return true;  // could not map: CMA still works
   auto& slot = qp->map_cache[qp->map_cache_next++ % qp->map_cache.size()];
   slot.map = m;
   slot.peer_slot = peer.slot;
   slot.peer_generation = peer.generation;
   slot.memfd = memfd;
+  slot.map_id = map_id;
   out->local = m->base + (out->host - map_start);
   out->mapped = true;
   return true;
@@ -181,6 +182,22 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   }
   qp->sq_retire = qp->sq_exec;
   if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+  // A receive an initiator took and did not complete (it died, or is still
+  // moving the data into a QP that has now failed) is the oldest: it goes
+  // first, then the ones still queued.
+  auto& shared = *qp->shared;
+  uint32_t taken = shared.rx_inflight.load(std::memory_order_acquire);
+  if (taken & 1) {
+    uint64_t wr_id = shared.rx_inflight_wr_id.load(std::memory_order_acquire);
+    if (shared.rx_inflight.compare_exchange_strong(taken, taken + 1, std::memory_order_acq_rel)) {
+      layout::Cqe c{};
+      c.wr_id = wr_id;
+      c.status = IBV_WC_WR_FLUSH_ERR;
+      c.opcode = IBV_WC_RECV;
+      c.qp_num = qp->qpn;
+      (void)push_cqe(qp->recv_cq, c);
+    }
+  }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
       layout::Cqe c{};
@@ -399,7 +416,18 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   std::memcpy(&h, claimed.handle.payload, sizeof h);
   uint32_t rn = std::min(h.num_sge, rq_max_sge);
   std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  // Record the take before the slot goes back to the ring: from here on the
+  // WQE lives in t->rx_inflight until someone completes it (layout.h).
+  const uint32_t taken = (t->rx_inflight.load(std::memory_order_relaxed) + 1) | 1;
+  t->rx_inflight_wr_id.store(h.wr_id, std::memory_order_relaxed);
+  t->rx_inflight.store(taken, std::memory_order_release);
   rq.release(claimed.handle);
+  // Completes the taken WQE unless the owner flushed it meanwhile.
+  auto complete_recv = [&](const layout::Cqe& c) {
+    uint32_t expect = taken;
+    if (t->rx_inflight.compare_exchange_strong(expect, taken + 1, std::memory_order_acq_rel))
+      (void)push_peer_cqe(peer, t->recv_cq, c);
+  };
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
   // exchange disarms it, so each arming raises one event.
   if (se) {
@@ -425,7 +453,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     // state; its owner flushes the rest at its next poll.
     rc_cqe.status = recv_status;
     rc_cqe.byte_len = 0;
-    (void)push_peer_cqe(peer, t->recv_cq, rc_cqe);
+    complete_recv(rc_cqe);
     t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
     auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
     th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
@@ -455,12 +483,12 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     if (room < len) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
     const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
     if (int rc = move_out(peer.pid, direct, local, nlocal, remote, nremote, false)) {
-      if (rc == ESRCH || rc == EPERM) return move_failed(rc);
+      if (rc == ESRCH) return move_failed(rc);  // the target is gone with its WQE
       return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
     }
   }
   rc_cqe.status = IBV_WC_SUCCESS;
-  (void)push_peer_cqe(peer, t->recv_cq, rc_cqe);
+  complete_recv(rc_cqe);
   return Exec::kDone;
 }
 
