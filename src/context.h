@@ -15,6 +15,7 @@
 
 #include "heap.h"
 #include "layout.h"
+#include "mover.h"
 #include "paths.h"
 #include "peer.h"
 #include "qp.h"
@@ -155,7 +156,12 @@ class LocalContext {
   // address or nullptr. Reads only private state.
   const void* resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) const noexcept;
 
-  // Queue pairs (RC today). create_qp hands back the allocated caps.
+  // Address handles (pd.cc): 0, EINVAL (PD, port, SL, GID index, LID 0
+  // without a GRH) or ENOMEM (device-wide limit).
+  int create_ah(uint32_t pd, const AddressVector& av) noexcept;
+  int destroy_ah(uint32_t pd) noexcept;
+
+  // Queue pairs (RC, UC, UD). create_qp hands back the allocated caps.
   int create_qp(const QpCreateArgs& args, Qp** out) noexcept;
   int modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) noexcept;
   void query_qp(Qp* qp, QpAttr* attr) noexcept;
@@ -270,6 +276,14 @@ class LocalContext {
   bool resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
                       uint64_t len, Remote* out) noexcept;
   Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
+  Exec execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
+  bool gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept;
+  enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone };
+  Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s, const IoVec* local, uint32_t nlocal,
+                  const uint8_t* grh, bool rnr_wait, layout::Cqe cqe, uint32_t* status) noexcept;
+  bool take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v) noexcept;
+  void enter_send_error(Qp* qp) noexcept;
+  void flush_send_queue(Qp* qp) noexcept;
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
@@ -298,6 +312,7 @@ class LocalContext {
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<Qp*> live_qps_;  // the non-null entries of qps_, for progress_all
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
+  std::atomic<uint64_t> ud_drops_{0};     // UD messages dropped for want of a posted receive
   uint32_t attention_seen_ = 0;
   std::atomic<uint32_t> polls_{0};
   std::atomic<uint64_t> last_liveness_ns_{0};

@@ -247,19 +247,20 @@ struct QpEntry {
   // Set by an initiator whose sends to this QP wait for a receive (RNR);
   // the owner's post_recv wakes it.
   std::atomic<uint32_t> initiator_waiting;
-  // A receive WQE the (one, RC) initiator has taken from this QP's RQ or SRQ
-  // and not completed yet: 1 while taken, with its wr_id. Whoever exchanges
-  // it back to 0 completes the WQE: the initiator when it pushes the receive
-  // completion, or the owner when it flushes (the initiator died, or the QP
-  // entered the error state), so a WQE completes once even if the initiator
-  // dies while it moves the data.
-  // The word counts takes: odd while one is outstanding; completing
-  // exchanges the odd value for the next even one (compare-exchange, so a
-  // late initiator cannot complete a WQE the owner already flushed).
-  std::atomic<uint32_t> rx_inflight;
-  std::atomic<uint64_t> rx_inflight_wr_id;
+  // The receive an initiator is delivering into this QP (transport.cc,
+  // "receive takes"): rx_take is a counter << 2 | kTake* state; the holder is
+  // the initiator's context slot and generation, and rx_take_wr_id the WQE it
+  // took from the RQ or SRQ. Whoever moves a taken record on to the next idle
+  // value completes that WQE exactly once: the initiator with the receive
+  // completion, the owner with a flush when its QP enters the error state, or
+  // another initiator that found the holder dead.
+  std::atomic<uint32_t> rx_take;
+  std::atomic<uint32_t> rx_holder_slot;
+  std::atomic<uint32_t> rx_holder_generation;
+  std::atomic<uint64_t> rx_take_wr_id;
 };
-static_assert(sizeof(QpEntry) == 96);
+static_assert(sizeof(QpEntry) == 104);
+inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeTaken = 3, kTakeMask = 3;
 
 struct SrqEntry {
   std::atomic<uint32_t> state;

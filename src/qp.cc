@@ -9,7 +9,7 @@
 namespace shmrdma {
 
 int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
-  if (a.qp_type != IBV_QPT_RC) return EOPNOTSUPP;  // UC, UD and XRC come later
+  if (a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UC && a.qp_type != IBV_QPT_UD) return EOPNOTSUPP;  // XRC: not yet
   const QpCaps& c = a.caps;
   if (c.max_send_wr > limits::kMaxQpWr || c.max_recv_wr > limits::kMaxQpWr || c.max_send_sge > limits::kMaxSge ||
       c.max_recv_sge > limits::kMaxSge || c.max_inline_data > limits::kMaxInlineData)
@@ -80,8 +80,10 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->dest_qpn = 0;
   e->access = 0;
   e->initiator_waiting.store(0, std::memory_order_relaxed);
-  e->rx_inflight.store(0, std::memory_order_relaxed);
-  e->rx_inflight_wr_id.store(0, std::memory_order_relaxed);
+  e->rx_take.store(0, std::memory_order_relaxed);
+  e->rx_holder_slot.store(layout::kNoIndex, std::memory_order_relaxed);
+  e->rx_holder_generation.store(0, std::memory_order_relaxed);
+  e->rx_take_wr_id.store(0, std::memory_order_relaxed);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   qp->index = i;
   qp->qpn = qpn;

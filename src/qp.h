@@ -68,6 +68,20 @@ struct QpAttr {
   uint8_t rnr_retry = 0;
 };
 
+// An address vector (what an ibv_ah holds): where a UD message goes. The
+// provider copies it into every UD work request, as an HCA's WQE carries it.
+struct AddressVector {
+  uint16_t dlid = 0;
+  uint8_t sl = 0;
+  uint8_t is_global = 0;
+  uint8_t port_num = 0;
+  uint8_t sgid_index = 0;
+  uint8_t hop_limit = 0;
+  uint8_t traffic_class = 0;
+  uint32_t flow_label = 0;
+  uint8_t dgid[16] = {};
+};
+
 struct SendWr {
   uint64_t wr_id = 0;
   uint32_t opcode = 0;      // ibv_wr_opcode
@@ -79,6 +93,10 @@ struct SendWr {
   uint64_t swap = 0;
   uint32_t num_sge = 0;
   const ibv_sge* sg_list = nullptr;
+  // UD: the destination.
+  const AddressVector* av = nullptr;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
 };
 
 // A tiny test-and-test-and-set lock for per-QP send-side state: held for the
@@ -115,6 +133,9 @@ struct SendSlot {
   uint32_t inline_len;
   uint8_t executed;       // done, waiting for a later signaled completion to retire it
   uint8_t reserved[7];
+  uint32_t remote_qpn;    // UD
+  uint32_t remote_qkey;   // UD
+  AddressVector av;       // UD
 };
 
 struct Qp {
@@ -146,6 +167,10 @@ struct Qp {
   uint64_t wait_started_ns = 0;
   uint32_t rnr_attempts = 0;
   uint32_t timeout_attempts = 0;
+
+  // A busy receive record of a target QP (transport.cc take_holder_dead).
+  uint32_t busy_take = 0, busy_take_qpn = 0;
+  uint64_t busy_since_ns = 0;
 
   // Connection (from RTR).
   std::shared_ptr<Peer> peer;

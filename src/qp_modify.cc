@@ -62,6 +62,86 @@ Transition rc_transition(uint32_t cur, uint32_t next) {
   return t;
 }
 
+// UC attributes per transition: RC's without the acknowledgement and
+// RDMA-read/atomic resources.
+Transition uc_transition(uint32_t cur, uint32_t next) {
+  constexpr uint32_t S = IBV_QP_STATE;
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {true, S, 0};
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT) return {true, S | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0};
+      break;
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT) return {true, S, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS};
+      if (next == IBV_QPS_RTR)
+        return {true, S | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+                IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX};
+      break;
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS)
+        return {true, S | IBV_QP_SQ_PSN,
+                IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE};
+      break;
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS)
+        return {true, S, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE};
+      if (next == IBV_QPS_SQD) return {true, S, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      break;
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS)
+        return {true, S, IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE};
+      if (next == IBV_QPS_SQD)
+        return {true, S, IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE};
+      break;
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, S, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS};
+      break;
+    default:
+      break;
+  }
+  return {};
+}
+
+// UD attributes per transition: no connection, a Q_Key instead.
+Transition ud_transition(uint32_t cur, uint32_t next) {
+  constexpr uint32_t S = IBV_QP_STATE;
+  if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return {true, S, 0};
+  switch (cur) {
+    case IBV_QPS_RESET:
+      if (next == IBV_QPS_INIT) return {true, S | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0};
+      break;
+    case IBV_QPS_INIT:
+      if (next == IBV_QPS_INIT) return {true, S, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY};
+      if (next == IBV_QPS_RTR) return {true, S, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
+      break;
+    case IBV_QPS_RTR:
+      if (next == IBV_QPS_RTS) return {true, S | IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      break;
+    case IBV_QPS_RTS:
+      if (next == IBV_QPS_RTS) return {true, S, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      if (next == IBV_QPS_SQD) return {true, S, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+      break;
+    case IBV_QPS_SQD:
+      if (next == IBV_QPS_RTS) return {true, S, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      if (next == IBV_QPS_SQD) return {true, S, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
+      break;
+    case IBV_QPS_SQE:
+      if (next == IBV_QPS_RTS) return {true, S, IBV_QP_CUR_STATE | IBV_QP_QKEY};
+      break;
+    default:
+      break;
+  }
+  return {};
+}
+
+Transition transition(uint32_t qp_type, uint32_t cur, uint32_t next) {
+  switch (qp_type) {
+    case IBV_QPT_UC: return uc_transition(cur, next);
+    case IBV_QPT_UD: return ud_transition(cur, next);
+    default: return rc_transition(cur, next);
+  }
+}
+
 constexpr uint32_t kKnownMask = (IBV_QP_DEST_QPN << 1) - 1;
 
 }  // namespace
@@ -74,8 +154,8 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   if ((mask & IBV_QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
   uint32_t next = (mask & IBV_QP_STATE) ? a.qp_state : cur;
   if (next > IBV_QPS_ERR) return EINVAL;
-  Transition t = rc_transition(cur, next);
-  if (!(mask & IBV_QP_STATE)) return EINVAL;  // every RC transition names the new state
+  Transition t = transition(qp->qp_type, cur, next);
+  if (!(mask & IBV_QP_STATE)) return EINVAL;  // every transition names the new state
   if (!t.valid || (mask & t.required) != t.required || (mask & ~(t.required | t.optional))) return EINVAL;
 
   // Values.
@@ -136,6 +216,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   e->access = s.qp_access_flags;
   e->min_rnr_timer = s.min_rnr_timer;
   e->port = s.port_num;
+  e->qkey = s.qkey;
   if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
     e->dest_qpn = s.dest_qp_num;
     e->dlid = s.dlid;
@@ -151,9 +232,8 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
     if (qp->rq.attached()) drain_recv_ring(qp->rq, [](uint64_t) {});
     // A receive an initiator still holds is discarded too: its completion
-    // would find the take already ended.
-    uint32_t taken = e->rx_inflight.load(std::memory_order_acquire);
-    if (taken & 1) e->rx_inflight.compare_exchange_strong(taken, taken + 1, std::memory_order_acq_rel);
+    // finds the take ended.
+    take_discard(e);
     qp->peer.reset();
     qp->rq_flushed = false;
     qp->attr = QpAttr{};

@@ -39,4 +39,53 @@ void drain_recv_ring(Ring ring, F&& on_wqe) noexcept {
   }
 }
 
+// Receive takes (layout::QpEntry::rx_take): the WQE an initiator is
+// delivering into a QP. One at a time per QP; see transport.cc.
+inline uint32_t take_next_idle(uint32_t v) noexcept { return (v & ~layout::kTakeMask) + 4; }
+
+// Idle -> reserved by (slot, generation). false with *v the busy value.
+inline bool take_reserve(layout::QpEntry* t, uint32_t slot, uint32_t generation, uint32_t* v) noexcept {
+  uint32_t cur = t->rx_take.load(std::memory_order_acquire);
+  *v = cur;
+  if ((cur & layout::kTakeMask) != layout::kTakeIdle) return false;
+  if (!t->rx_take.compare_exchange_strong(cur, cur | layout::kTakeReserved, std::memory_order_acq_rel)) {
+    *v = cur;
+    return false;
+  }
+  t->rx_holder_slot.store(slot, std::memory_order_relaxed);
+  t->rx_holder_generation.store(generation, std::memory_order_relaxed);
+  *v = cur | layout::kTakeReserved;
+  return true;
+}
+
+// Reserved -> taken: wr_id is the WQE now held (before its ring slot goes).
+inline uint32_t take_hold(layout::QpEntry* t, uint32_t reserved, uint64_t wr_id) noexcept {
+  t->rx_take_wr_id.store(wr_id, std::memory_order_relaxed);
+  uint32_t taken = (reserved & ~layout::kTakeMask) | layout::kTakeTaken;
+  t->rx_take.store(taken, std::memory_order_release);
+  return taken;
+}
+
+// Ends the record at value v (reserved or taken) if it is still v: true
+// when this caller ended it (and so completes the WQE of a taken record).
+inline bool take_end(layout::QpEntry* t, uint32_t v) noexcept {
+  return t->rx_take.compare_exchange_strong(v, take_next_idle(v), std::memory_order_acq_rel);
+}
+
+// The owner's side: ends a taken record, if any, and hands back its wr_id
+// to complete (flush). A reserved one is left to its initiator.
+inline bool take_reclaim(layout::QpEntry* t, uint64_t* wr_id) noexcept {
+  uint32_t v = t->rx_take.load(std::memory_order_acquire);
+  if ((v & layout::kTakeMask) != layout::kTakeTaken) return false;
+  *wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
+  return take_end(t, v);
+}
+
+// RESET: whatever is held is discarded.
+inline void take_discard(layout::QpEntry* t) noexcept {
+  uint32_t v = t->rx_take.load(std::memory_order_acquire);
+  while (!t->rx_take.compare_exchange_weak(v, take_next_idle(v), std::memory_order_acq_rel)) {
+  }
+}
+
 }  // namespace shmrdma

@@ -58,7 +58,15 @@ bool consumes_recv(uint32_t op) {
   return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
-constexpr uint32_t kMaxIov = 2 * limits::kMaxSge;
+constexpr uint64_t kUdMtu = 4096;  // the port's active MTU: a UD message fits in one packet
+constexpr uint64_t kGrhBytes = 40;
+
+// GID[0] of a port: the link-local prefix and the port GUID, network order.
+void port_gid(const layout::PortRecord& port, uint8_t out[16]) {
+  uint64_t prefix = htobe64(0xfe80000000000000ull), guid = htobe64(port.port_guid);
+  std::memcpy(out, &prefix, 8);
+  std::memcpy(out + 8, &guid, 8);
+}
 
 }  // namespace
 
@@ -115,16 +123,23 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   uint32_t st = qp->state();
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  // The operations of each transport (IBA table 4): UC has no READ or
+  // atomics, UD only SENDs.
   switch (wr.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: break;
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
+      if (qp->qp_type == IBV_QPT_UD) return EINVAL;
+      break;
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: break;
-    default: return EINVAL;  // not an RC operation shmrdma implements
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (qp->qp_type != IBV_QPT_RC) return EINVAL;
+      break;
+    default: return EINVAL;  // not an operation shmrdma implements
   }
+  if (qp->qp_type == IBV_QPT_UD && !wr.av) return EINVAL;
   if (wr.num_sge > qp->caps.max_send_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
   uint64_t total = 0;
   for (uint32_t k = 0; k < wr.num_sge; ++k) total += wr.sg_list[k].length;
@@ -146,6 +161,11 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   s->swap = wr.swap;
   s->length = total;
   s->executed = 0;
+  if (qp->qp_type == IBV_QPT_UD) {
+    s->remote_qpn = wr.remote_qpn;
+    s->remote_qkey = wr.remote_qkey;
+    s->av = *wr.av;
+  }
   if (inl) {
     s->num_sge = 0;
     s->inline_len = static_cast<uint32_t>(total);
@@ -174,7 +194,7 @@ void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept 
   (void)push_cqe(qp->send_cq, c);  // a full CQ has overrun; the completion is lost, as on hardware
 }
 
-void LocalContext::flush_qp(Qp* qp) noexcept {
+void LocalContext::flush_send_queue(Qp* qp) noexcept {
   // Caller holds qp->sq_lock.
   while (qp->sq_exec != qp->sq_tail) {
     complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_WR_FLUSH_ERR);
@@ -182,21 +202,29 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   }
   qp->sq_retire = qp->sq_exec;
   if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// UC and UD: a send-side error moves the QP to SQE (IBA 10.8.3.3): the rest
+// of the send queue is flushed and receives go on.
+void LocalContext::enter_send_error(Qp* qp) noexcept {
+  qp->shared->qp_state.store(IBV_QPS_SQE, std::memory_order_release);
+  flush_send_queue(qp);
+}
+
+void LocalContext::flush_qp(Qp* qp) noexcept {
+  // Caller holds qp->sq_lock.
+  flush_send_queue(qp);
   // A receive an initiator took and did not complete (it died, or is still
   // moving the data into a QP that has now failed) is the oldest: it goes
   // first, then the ones still queued.
-  auto& shared = *qp->shared;
-  uint32_t taken = shared.rx_inflight.load(std::memory_order_acquire);
-  if (taken & 1) {
-    uint64_t wr_id = shared.rx_inflight_wr_id.load(std::memory_order_acquire);
-    if (shared.rx_inflight.compare_exchange_strong(taken, taken + 1, std::memory_order_acq_rel)) {
-      layout::Cqe c{};
-      c.wr_id = wr_id;
-      c.status = IBV_WC_WR_FLUSH_ERR;
-      c.opcode = IBV_WC_RECV;
-      c.qp_num = qp->qpn;
-      (void)push_cqe(qp->recv_cq, c);
-    }
+  uint64_t taken_wr_id = 0;
+  if (take_reclaim(qp->shared, &taken_wr_id)) {
+    layout::Cqe c{};
+    c.wr_id = taken_wr_id;
+    c.status = IBV_WC_WR_FLUSH_ERR;
+    c.opcode = IBV_WC_RECV;
+    c.qp_num = qp->qpn;
+    (void)push_cqe(qp->recv_cq, c);
   }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
@@ -221,14 +249,188 @@ void LocalContext::enter_error(Qp* qp) noexcept {
   flush_qp(qp);
 }
 
+// Our side of a WQE: its inline bytes, or its SGEs checked against our MRs.
+bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept {
+  *n = 0;
+  if (s->inline_len) {
+    local[(*n)++] = {qp->inline_data(s), s->inline_len};
+    return true;
+  }
+  const bool into_local = s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode);
+  ibv_sge* sg = qp->sges(s);
+  for (uint32_t k = 0; k < s->num_sge; ++k) {
+    if (sg[k].length == 0) continue;
+    const void* p = resolve_local(sg[k].lkey, qp->pd, sg[k].addr, sg[k].length, into_local ? kAccessLocalWrite : 0);
+    if (!p) return false;
+    local[(*n)++] = {const_cast<void*>(p), sg[k].length};
+  }
+  return true;
+}
+
+// A busy receive record (another initiator delivers into t, or one died
+// while it did): true when its holder is dead and we ended the record. The
+// WQE it held completes with IBV_WC_REM_ABORT_ERR (its message never fully
+// arrived). Only a value unchanged for a grace period is looked at, so a
+// holder that just reserved (and has not yet written its identity) is safe.
+bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v) noexcept {
+  const uint64_t now = now_ns();
+  if (qp->busy_take != v || qp->busy_take_qpn != t->qpn) {
+    qp->busy_take = v;
+    qp->busy_take_qpn = t->qpn;
+    qp->busy_since_ns = now;
+    return false;
+  }
+  if (now - qp->busy_since_ns < 100'000'000ull) return false;
+  qp->busy_since_ns = now;  // look again in another grace period at most
+  uint32_t slot = t->rx_holder_slot.load(std::memory_order_relaxed);
+  uint32_t gen = t->rx_holder_generation.load(std::memory_order_relaxed);
+  if (slot == slot_ && gen == generation_) return false;  // one of our own threads
+  ContextInfo info;
+  if (registry_.context_slot(slot, &info) && info.generation == gen &&
+      process_alive(static_cast<pid_t>(info.pid), info.start_time))
+    return false;
+  uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
+  if (!take_end(t, v)) return false;
+  if ((v & layout::kTakeMask) == layout::kTakeTaken) {
+    layout::Cqe c{};
+    c.wr_id = wr_id;
+    c.status = IBV_WC_REM_ABORT_ERR;
+    c.opcode = IBV_WC_RECV;
+    c.qp_num = t->qpn;
+    (void)push_peer_cqe(peer, t->recv_cq, c);
+  }
+  return true;
+}
+
+// Delivers a message that consumes one of target QP t's receive WQEs (SEND,
+// SEND_WITH_IMM, RDMA_WRITE_WITH_IMM; a UD SEND is preceded by its 40-byte
+// GRH area `grh`): takes the WQE (recorded in t's receive record, so it
+// completes exactly once even if we die), scatters the data into it and
+// writes the receive completion `cqe` (wr_id, status and byte_len filled
+// here). rnr_wait: an empty queue is waited for (RC) rather than dropped.
+LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s,
+                                            const IoVec* local, uint32_t nlocal, const uint8_t* grh,
+                                            bool rnr_wait, layout::Cqe cqe, uint32_t* status) noexcept {
+  const uint64_t len = s->length;
+  uint32_t v = 0;
+  if (!take_reserve(t, slot_, generation_, &v)) {
+    if (!take_holder_dead(qp, peer, t, v) || !take_reserve(t, slot_, generation_, &v)) return Deliver::kBusy;
+  }
+  qp->busy_take_qpn = 0;
+  auto gone = [&](uint32_t st) {
+    take_end(t, v);
+    *status = st;
+    return Deliver::kGone;
+  };
+  Ring rq;
+  layout::SrqEntry* se = nullptr;
+  if (t->srq_index != layout::kNoIndex) {
+    se = peer.srq(t->srq_index);
+    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
+        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq))
+      return gone(IBV_WC_REM_OP_ERR);
+  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq)) {
+    return gone(IBV_WC_REM_OP_ERR);
+  }
+  uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
+  rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
+  RingResult claimed = rq.try_claim();
+  if (!claimed && claimed.status != RingStatus::contended && rnr_wait) {
+    // Tell the receiver someone waits (its post_recv wakes us: cq.cc
+    // wake_initiator), then look once more. The fence pairs with the one the
+    // receiver runs after posting: either we see its WQE or it sees the flag.
+    t->initiator_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    claimed = rq.try_claim();
+  }
+  if (!claimed) {
+    take_end(t, v);
+    return claimed.status == RingStatus::contended ? Deliver::kBusy : Deliver::kNoReceive;
+  }
+  // Copy the WQE out of shared memory, record the take, then free the slot.
+  layout::RecvWqeHeader h;
+  layout::WireSge rsge[limits::kMaxSge];
+  std::memcpy(&h, claimed.handle.payload, sizeof h);
+  uint32_t rn = std::min(h.num_sge, rq_max_sge);
+  std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  const uint32_t taken = take_hold(t, v, h.wr_id);
+  rq.release(claimed.handle);
+  // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
+  // exchange disarms it, so each arming raises one event.
+  if (se) {
+    uint32_t lim = se->limit.load(std::memory_order_relaxed);
+    if (lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel))
+      peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, t->srq_index, se->generation));
+  }
+
+  const uint64_t total = len + (grh ? kGrhBytes : 0);
+  cqe.wr_id = h.wr_id;
+  cqe.byte_len = static_cast<uint32_t>(total);
+  auto complete = [&](const layout::Cqe& c) {
+    if (take_end(t, taken)) (void)push_peer_cqe(peer, t->recv_cq, c);  // unless the owner flushed it
+  };
+  auto responder_error = [&](uint32_t recv_status, uint32_t our_status) {
+    // The responder's WQE completes in error and its QP enters the error
+    // state; its owner flushes the rest at its next poll.
+    cqe.status = recv_status;
+    cqe.byte_len = 0;
+    complete(cqe);
+    t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
+    th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
+    *status = our_status;
+    return Deliver::kResponderError;
+  };
+
+  if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
+    // Scatter into the receive buffers, checked against the target's MRs.
+    IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
+    uint32_t nremote = 0;
+    uint64_t room = 0, need = total;
+    bool direct = true;  // every receive buffer is reachable with memcpy
+    for (uint32_t k = 0; k < rn && need; ++k) {
+      uint64_t take = std::min<uint64_t>(rsge[k].length, need);
+      if (take == 0) continue;
+      Remote r;
+      if (!resolve_remote(qp, peer, rsge[k].lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+      direct_iov[nremote] = {r.local, take};
+      host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
+      ++nremote;
+      direct = direct && r.local;
+      room += take;
+      need -= take;
+    }
+    if (room < total) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
+    IoVec src[limits::kMaxSge + 1];
+    uint32_t nsrc = 0;
+    if (grh) src[nsrc++] = {const_cast<uint8_t*>(grh), kGrhBytes};
+    for (uint32_t k = 0; k < nlocal; ++k) src[nsrc++] = local[k];
+    const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
+    if (int rc = move_out(peer.pid, direct, src, nsrc, remote, nremote, false)) {
+      if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
+      return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+    }
+  }
+  cqe.status = IBV_WC_SUCCESS;
+  complete(cqe);
+  return Deliver::kDone;
+}
+
 LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
+  if (qp->qp_type == IBV_QPT_UD) return execute_ud(qp, s, status);
   const uint64_t now = now_ns();
   const QpAttr& a = qp->attr;
+  // UC is unacknowledged: what RC would wait for or fail on (an absent
+  // target, a missing receive, a remote error) silently drops the message
+  // and the send completes.
+  const bool uc = qp->qp_type == IBV_QPT_UC;
   // Transport-level wait: the target does not answer (absent, not ready, not
   // connected to us). Retried for timeout * (retry_cnt + 1), as the
   // transport timer and retry count would; a target process known to be dead
   // fails at once.
   auto transport_wait = [&]() -> Exec {
+    if (uc) return Exec::kDone;
     if (qp->peer && !qp->peer->alive()) {
       *status = IBV_WC_RETRY_EXC_ERR;
       return Exec::kError;
@@ -243,6 +445,11 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     }
     return Exec::kWait;
   };
+  auto fail = [&](uint32_t st) -> Exec {
+    if (uc) return Exec::kDone;
+    *status = st;
+    return Exec::kError;
+  };
 
   if (!qp->peer || qp->peer->slot != layout::qpn_slot(a.dest_qp_num)) {
     qp->peer = peers_.get(registry_, layout::qpn_slot(a.dest_qp_num), self_peer_);
@@ -251,7 +458,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   Peer& peer = *qp->peer;
   layout::QpEntry* t = peer.qp(qp->remote_index);
   if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
-      t->qp_type != IBV_QPT_RC) {
+      t->qp_type != qp->qp_type) {
     // The peer context we cached may have been replaced by a new one in the
     // same slot: look again next time.
     if (!peer.alive()) qp->peer.reset();
@@ -263,23 +470,11 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   const uint32_t tpd = t->pd_index;
   const uint32_t taccess = t->access;
 
-  // Our side of the data: inline bytes, or SGEs checked against our MRs.
   IoVec local[limits::kMaxSge];
   uint32_t nlocal = 0;
-  const bool into_local = s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode);
-  if (s->inline_len) {
-    local[nlocal++] = {qp->inline_data(s), s->inline_len};
-  } else {
-    ibv_sge* sg = qp->sges(s);
-    for (uint32_t k = 0; k < s->num_sge; ++k) {
-      if (sg[k].length == 0) continue;
-      const void* p = resolve_local(sg[k].lkey, qp->pd, sg[k].addr, sg[k].length, into_local ? kAccessLocalWrite : 0);
-      if (!p) {
-        *status = IBV_WC_LOC_PROT_ERR;
-        return Exec::kError;
-      }
-      local[nlocal++] = {const_cast<void*>(p), sg[k].length};
-    }
+  if (!gather_local(qp, s, local, &nlocal)) {
+    *status = IBV_WC_LOC_PROT_ERR;
+    return Exec::kError;
   }
   const uint64_t len = s->length;
 
@@ -289,38 +484,25 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return resolve_remote(qp, peer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm);
   };
   auto move_failed = [&](int rc) -> Exec {
-    *status = (rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR;
-    return Exec::kError;
+    return fail((rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR);
   };
 
   // One-sided data movement first (WRITE, WRITE_WITH_IMM, READ, atomics).
   if (s->opcode == IBV_WR_RDMA_WRITE || s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
-      if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) {
-        *status = IBV_WC_REM_ACCESS_ERR;
-        return Exec::kError;
-      }
+      if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) return fail(IBV_WC_REM_ACCESS_ERR);
       IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
       if (int rc = move_out(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
     }
   } else if (s->opcode == IBV_WR_RDMA_READ) {
     if (len) {
-      if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) {
-        *status = IBV_WC_REM_ACCESS_ERR;
-        return Exec::kError;
-      }
+      if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) return fail(IBV_WC_REM_ACCESS_ERR);
       IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
       if (int rc = move_in(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
     }
   } else if (is_atomic(s->opcode)) {
-    if (s->remote_addr % 8) {
-      *status = IBV_WC_REM_INV_REQ_ERR;
-      return Exec::kError;
-    }
-    if (!remote_access(IBV_ACCESS_REMOTE_ATOMIC, 8)) {
-      *status = IBV_WC_REM_ACCESS_ERR;
-      return Exec::kError;
-    }
+    if (s->remote_addr % 8) return fail(IBV_WC_REM_INV_REQ_ERR);
+    if (!remote_access(IBV_ACCESS_REMOTE_ATOMIC, 8)) return fail(IBV_WC_REM_ACCESS_ERR);
     uint64_t old = 0;
     if (rm.mapped) {
       // Every peer of a mapped-tier MR reaches it through a mapping, so CPU
@@ -335,10 +517,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     } else {
       // CMA tier: read-modify-write under the device's striped atomic lock.
       uint32_t stripe = static_cast<uint32_t>((rm.host >> 3) ^ static_cast<uint64_t>(peer.pid) * 0x9e3779b9u);
-      if (registry_.lock_atomic(stripe) != 0) {
-        *status = IBV_WC_REM_OP_ERR;
-        return Exec::kError;
-      }
+      if (registry_.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
       uint64_t next = 0;
       IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
       int rc = move_in(peer.pid, peer.self_process, &mine, 1, &theirs, 1);
@@ -364,131 +543,120 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return Exec::kDone;
   }
 
-  // Two-sided: take the target's next receive WQE (its RQ or its SRQ).
-  Ring rq;
-  uint32_t rq_max_sge = 0;
-  layout::SrqEntry* se = nullptr;
-  if (t->srq_index != layout::kNoIndex) {
-    se = peer.srq(t->srq_index);
-    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
-        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq)) {
-      *status = IBV_WC_REM_OP_ERR;
-      return Exec::kError;
-    }
-  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq)) {
-    *status = IBV_WC_REM_OP_ERR;
-    return Exec::kError;
+  // Two-sided: the target's next receive WQE (its RQ or its SRQ).
+  layout::Cqe cqe{};
+  cqe.qp_num = t->qpn;
+  cqe.src_qp = qp->qpn;
+  cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
+  cqe.opcode = s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  if (s->send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;  // wakes solicited_only arming
+  if (s->opcode != IBV_WR_SEND) {
+    cqe.imm_data = s->imm_data;
+    cqe.wc_flags = IBV_WC_WITH_IMM;
   }
-  rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
-  rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
-  RingResult claimed = rq.try_claim();
-  if (!claimed && claimed.status != RingStatus::contended) {
-    // Tell the receiver someone waits (its post_recv wakes us: cq.cc
-    // wake_initiator), then look once more. The fence pairs with the one the
-    // receiver runs after posting: either we see its WQE or it sees the flag.
-    t->initiator_waiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    claimed = rq.try_claim();
-  }
-  if (!claimed) {
-    if (claimed.status == RingStatus::contended) return Exec::kWait;
-    // Receiver not ready: wait (rnr_retry 7 = forever) and let the receiver
-    // know someone waits, so its next post_recv can wake us.
-    t->initiator_waiting.store(1, std::memory_order_relaxed);
-    if (!qp->wait_started_ns) qp->wait_started_ns = now;
-    if (a.rnr_retry != 7) {
-      uint64_t period_ns = rnr_timer_us(t->min_rnr_timer) * 1000;
-      if (now - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
-        *status = IBV_WC_RNR_RETRY_EXC_ERR;
+  switch (deliver(qp, peer, t, s, local, nlocal, nullptr, !uc, cqe, status)) {
+    case Deliver::kDone: break;
+    case Deliver::kBusy: return Exec::kWait;
+    case Deliver::kResponderError:
+    case Deliver::kGone: return fail(*status);
+    case Deliver::kNoReceive: {
+      if (uc) break;  // dropped
+      // Receiver not ready: wait (rnr_retry 7 = forever); its next post_recv
+      // wakes us (initiator_waiting).
+      if (!qp->wait_started_ns) qp->wait_started_ns = now;
+      if (a.rnr_retry != 7) {
+        uint64_t period_ns = rnr_timer_us(t->min_rnr_timer) * 1000;
+        if (now - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
+          *status = IBV_WC_RNR_RETRY_EXC_ERR;
+          return Exec::kError;
+        }
+      }
+      if (!peer.alive()) {
+        *status = IBV_WC_RETRY_EXC_ERR;
         return Exec::kError;
       }
+      return Exec::kWait;
     }
-    if (!peer.alive()) {
-      *status = IBV_WC_RETRY_EXC_ERR;
-      return Exec::kError;
-    }
-    return Exec::kWait;
   }
   qp->wait_started_ns = 0;
-  // Copy the WQE out of shared memory, then free the slot at once.
-  layout::RecvWqeHeader h;
-  layout::WireSge rsge[limits::kMaxSge];
-  std::memcpy(&h, claimed.handle.payload, sizeof h);
-  uint32_t rn = std::min(h.num_sge, rq_max_sge);
-  std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
-  // Record the take before the slot goes back to the ring: from here on the
-  // WQE lives in t->rx_inflight until someone completes it (layout.h).
-  const uint32_t taken = (t->rx_inflight.load(std::memory_order_relaxed) + 1) | 1;
-  t->rx_inflight_wr_id.store(h.wr_id, std::memory_order_relaxed);
-  t->rx_inflight.store(taken, std::memory_order_release);
-  rq.release(claimed.handle);
-  // Completes the taken WQE unless the owner flushed it meanwhile.
-  auto complete_recv = [&](const layout::Cqe& c) {
-    uint32_t expect = taken;
-    if (t->rx_inflight.compare_exchange_strong(expect, taken + 1, std::memory_order_acq_rel))
-      (void)push_peer_cqe(peer, t->recv_cq, c);
-  };
-  // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
-  // exchange disarms it, so each arming raises one event.
-  if (se) {
-    uint32_t lim = se->limit.load(std::memory_order_relaxed);
-    if (lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel))
-      peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, t->srq_index, se->generation));
-  }
+  return Exec::kDone;
+}
 
-  layout::Cqe rc_cqe{};
-  rc_cqe.wr_id = h.wr_id;
-  rc_cqe.qp_num = t->qpn;
-  rc_cqe.src_qp = qp->qpn;
-  rc_cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
-  rc_cqe.byte_len = static_cast<uint32_t>(len);
-  rc_cqe.opcode = s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
-  if (s->send_flags & IBV_SEND_SOLICITED) rc_cqe.flags = layout::kCqeSolicited;  // wakes solicited_only arming
-  if (s->opcode != IBV_WR_SEND) {
-    rc_cqe.imm_data = s->imm_data;
-    rc_cqe.wc_flags = IBV_WC_WITH_IMM;
-  }
-  auto responder_error = [&](uint32_t recv_status, uint32_t our_status) -> Exec {
-    // The responder's WQE completes in error and its QP enters the error
-    // state; its owner flushes the rest at its next poll.
-    rc_cqe.status = recv_status;
-    rc_cqe.byte_len = 0;
-    complete_recv(rc_cqe);
-    t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
-    auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
-    th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
-    *status = our_status;
+// UD: every WQE names its destination (address vector, QPN, Q_Key). A
+// message nobody can take (no such QP, wrong LID/GID or Q_Key, no receive
+// posted) is dropped and the send still completes, as on the wire.
+LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
+  const uint64_t len = s->length;
+  if (len > kUdMtu) {
+    *status = IBV_WC_LOC_LEN_ERR;
     return Exec::kError;
-  };
-
-  if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
-    // Scatter into the receive buffers, checked against the target's MRs.
-    IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
-    uint32_t nremote = 0;
-    uint64_t room = 0, need = len;
-    bool direct = true;  // every receive buffer is reachable with memcpy
-    for (uint32_t k = 0; k < rn && need; ++k) {
-      uint64_t take = std::min<uint64_t>(rsge[k].length, need);
-      if (take == 0) continue;
-      Remote r;
-      if (!resolve_remote(qp, peer, rsge[k].lkey, false, tpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
-        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
-      direct_iov[nremote] = {r.local, take};
-      host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
-      ++nremote;
-      direct = direct && r.local;
-      room += take;
-      need -= take;
-    }
-    if (room < len) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
-    const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
-    if (int rc = move_out(peer.pid, direct, local, nlocal, remote, nremote, false)) {
-      if (rc == ESRCH) return move_failed(rc);  // the target is gone with its WQE
-      return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
-    }
   }
-  rc_cqe.status = IBV_WC_SUCCESS;
-  complete_recv(rc_cqe);
+  IoVec local[limits::kMaxSge];
+  uint32_t nlocal = 0;
+  if (!gather_local(qp, s, local, &nlocal)) {
+    *status = IBV_WC_LOC_PROT_ERR;
+    return Exec::kError;
+  }
+  const layout::DeviceRecord& dev = registry_.device();
+  const uint32_t nports = std::min<uint32_t>(dev.num_ports, limits::kMaxPorts);
+  const uint32_t rqpn = s->remote_qpn & limits::kQpnMask;
+  const AddressVector& av = s->av;
+  if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) || !qp->peer->alive())
+    qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
+  if (!qp->peer) return Exec::kDone;
+  Peer& peer = *qp->peer;
+  layout::QpEntry* t = peer.qp(layout::qpn_index(rqpn));
+  if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != rqpn ||
+      t->qp_type != IBV_QPT_UD)
+    return Exec::kDone;
+  uint32_t ts = t->qp_state.load(std::memory_order_acquire);
+  if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) return Exec::kDone;
+  const uint32_t tport = t->port;
+  if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid) return Exec::kDone;
+  uint8_t gid[16];
+  if (av.is_global) {
+    port_gid(dev.ports[tport - 1], gid);
+    if (std::memcmp(gid, av.dgid, 16) != 0) return Exec::kDone;
+  }
+  const uint32_t qkey = (s->remote_qkey & 0x80000000u) ? qp->attr.qkey : s->remote_qkey;
+  if (t->qkey != qkey) return Exec::kDone;
+
+  const uint32_t sport = std::clamp<uint32_t>(qp->attr.port_num, 1, nports);
+  // The 40-byte GRH area: the header when the AH had one (IBA 8.3), else
+  // left as zeros.
+  uint8_t grh[kGrhBytes] = {};
+  layout::Cqe cqe{};
+  if (av.is_global) {
+    uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
+    uint16_t paylen = htobe16(static_cast<uint16_t>(len));
+    std::memcpy(grh, &w0, 4);
+    std::memcpy(grh + 4, &paylen, 2);
+    grh[6] = 0x1b;  // next header: IBA transport
+    grh[7] = av.hop_limit;
+    port_gid(dev.ports[sport - 1], grh + 8);
+    std::memcpy(grh + 24, av.dgid, 16);
+    cqe.wc_flags = IBV_WC_GRH;
+  }
+  cqe.qp_num = t->qpn;
+  cqe.src_qp = qp->qpn;
+  cqe.slid = dev.ports[sport - 1].lid;
+  cqe.sl = av.sl;
+  cqe.pkey_index = 0;
+  cqe.opcode = IBV_WC_RECV;
+  if (s->send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
+  if (s->opcode == IBV_WR_SEND_WITH_IMM) {
+    cqe.imm_data = s->imm_data;
+    cqe.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  switch (deliver(qp, peer, t, s, local, nlocal, grh, false, cqe, status)) {
+    case Deliver::kBusy: return Exec::kWait;  // another sender is delivering into that QP
+    case Deliver::kNoReceive:
+      ud_drops_.fetch_add(1, std::memory_order_relaxed);
+      return Exec::kDone;
+    case Deliver::kDone:
+    case Deliver::kResponderError:  // the receiver's WQE failed; unacknowledged for us
+    case Deliver::kGone: return Exec::kDone;
+  }
   return Exec::kDone;
 }
 
@@ -500,7 +668,11 @@ void LocalContext::progress(Qp* qp) noexcept {
       flush_qp(qp);
       return;
     }
-    if (st != IBV_QPS_RTS) break;  // SQD / SQE: hold what is queued
+    if (st == IBV_QPS_SQE) {
+      flush_send_queue(qp);
+      return;
+    }
+    if (st != IBV_QPS_RTS) break;  // SQD: hold what is queued
     SendSlot* s = qp->slot(qp->sq_exec);
     uint32_t status = IBV_WC_SUCCESS;
     Exec r = execute(qp, s, &status);
@@ -510,7 +682,10 @@ void LocalContext::progress(Qp* qp) noexcept {
       qp->sq_exec += 1;
       qp->sq_retire = qp->sq_exec;
       qp->wait_started_ns = 0;
-      enter_error(qp);
+      if (qp->qp_type == IBV_QPT_RC)
+        enter_error(qp);
+      else
+        enter_send_error(qp);
       return;
     }
     s->executed = 1;
@@ -529,6 +704,8 @@ void LocalContext::check_peer(Qp* qp) noexcept {
   // error state: the oldest outstanding send fails with RETRY_EXC_ERR (the
   // transport would have given up on it), the rest and every posted receive
   // are flushed, and the application gets IBV_EVENT_QP_FATAL.
+  // UC and UD have no connection to lose: nothing tells them a peer died.
+  if (qp->qp_type != IBV_QPT_RC) return;
   uint32_t st = qp->state();
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
   std::shared_ptr<Peer> peer = qp->peer;

@@ -47,6 +47,15 @@ struct QpObj {
   struct WrBatch* batch = nullptr;  // qp_ex.cc, with the ibv_qp_ex API only
 };
 
+struct Ah {
+  ibv_ah ibv;
+  AddressVector av;
+};
+inline Ah* to_ah(ibv_ah* a) noexcept { return reinterpret_cast<Ah*>(a); }
+// ah.cc
+ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*) noexcept;
+int destroy_ah(ibv_ah*) noexcept;
+
 struct IndTable {
   ibv_rwq_ind_table ibv;
   uint32_t index;
@@ -68,7 +77,7 @@ int get_srq_num(ibv_srq*, uint32_t*) noexcept;
 // qp_ex.cc: the ibv_qp_ex post-send API (ibv_wr_*) of a QP created with
 // IBV_QP_INIT_ATTR_SEND_OPS_FLAGS. The batch lives behind QpObj::batch.
 struct WrBatch;
-int init_qp_ex(struct QpObj* qp, uint64_t send_ops_flags) noexcept;
+int init_qp_ex(struct QpObj* qp, uint32_t qp_type, uint64_t send_ops_flags) noexcept;
 void free_qp_ex(struct QpObj* qp) noexcept;
 
 inline Context* to_ctx(ibv_context* c) noexcept {

@@ -94,6 +94,11 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
       w.rkey = wr->wr.atomic.rkey;
       w.compare_add = wr->wr.atomic.compare_add;
       w.swap = wr->wr.atomic.swap;
+    } else if (ibqp->qp_type == IBV_QPT_UD) {
+      // wr.ud: the AH's address vector, copied into the WQE by the core.
+      w.av = wr->wr.ud.ah ? &to_ah(wr->wr.ud.ah)->av : nullptr;
+      w.remote_qpn = wr->wr.ud.remote_qpn;
+      w.remote_qkey = wr->wr.ud.remote_qkey;
     } else {
       w.remote_addr = wr->wr.rdma.remote_addr;
       w.rkey = wr->wr.rdma.rkey;
@@ -217,8 +222,8 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
     return nullptr;
   }
   const bool qp_ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (qp_ex && attr->qp_type != IBV_QPT_RC) {
-    errno = EOPNOTSUPP;  // the ibv_qp_ex send API exists for RC
+  if (qp_ex && attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;  // the ibv_qp_ex send API exists for RC, UC and UD
     return nullptr;
   }
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
@@ -235,14 +240,14 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
   a.sq_sig_all = attr->sq_sig_all;
   if (qp_ex && attr->pd && attr->pd->context == ibctx) {
     // Validate the send ops before creating anything (qp_ex.cc).
-    if (int rc = init_qp_ex(nullptr, attr->send_ops_flags)) {
+    if (int rc = init_qp_ex(nullptr, attr->qp_type, attr->send_ops_flags)) {
       errno = rc;
       return nullptr;
     }
   }
   ibv_qp* q = create(ibctx, attr->pd, a, attr->qp_context);
   if (q && qp_ex) {
-    if (int rc = init_qp_ex(to_qp(q), attr->send_ops_flags)) {
+    if (int rc = init_qp_ex(to_qp(q), attr->qp_type, attr->send_ops_flags)) {
       (void)destroy_qp(q);
       errno = rc;
       return nullptr;

@@ -1,5 +1,5 @@
 // The ibv_qp_ex post-send API (ibv_wr_start / ibv_wr_* / ibv_wr_complete)
-// for RC QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
+// for RC, UC and UD QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
 //
 // A batch is private to the QP until wr_complete: builders append WQEs (with
 // the wr_id and wr_flags the application set in the ibv_qp_ex at builder
@@ -225,11 +225,21 @@ void wr_local_inv(ibv_qp_ex* qx, uint32_t) noexcept { unsupported(qx); }
 void wr_send_inv(ibv_qp_ex* qx, uint32_t) noexcept { unsupported(qx); }
 void wr_send_tso(ibv_qp_ex* qx, void*, uint16_t, uint16_t) noexcept { unsupported(qx); }
 void wr_atomic_write(ibv_qp_ex* qx, uint32_t, uint64_t, const void*) noexcept { unsupported(qx); }
-// Address setters of other transports (UD, XRC) on an RC QP.
-void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah*, uint32_t, uint32_t) noexcept {
+// The destination of a UD WQE (the AH must live until wr_complete); on
+// other transports the WQE fails.
+void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) noexcept {
   WrBatch* b;
-  if (PendingWr* w = current(qx, &b)) w->err = EINVAL;
+  PendingWr* w = current(qx, &b);
+  if (!w) return;
+  if (obj(qx)->vqp.qp.qp_type != IBV_QPT_UD || !ah) {
+    w->err = EINVAL;
+    return;
+  }
+  w->wr.av = &to_ah(ah)->av;
+  w->wr.remote_qpn = remote_qpn;
+  w->wr.remote_qkey = remote_qkey;
 }
+// XRC: not implemented yet.
 void wr_set_xrc_srqn(ibv_qp_ex* qx, uint32_t) noexcept {
   WrBatch* b;
   if (PendingWr* w = current(qx, &b)) w->err = EINVAL;
@@ -316,8 +326,14 @@ void wr_set_inline_data_list(ibv_qp_ex* qx, size_t num_buf, const ibv_data_buf* 
 
 }  // namespace
 
-int init_qp_ex(QpObj* qp, uint64_t send_ops_flags) noexcept {
+int init_qp_ex(QpObj* qp, uint32_t qp_type, uint64_t send_ops_flags) noexcept {
   if (send_ops_flags & ~kSupportedOps) return EOPNOTSUPP;  // local invalidate, bind MW, TSO, atomic write...
+  // What each transport can do (IBA table 4).
+  constexpr uint64_t kUcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                              IBV_QP_EX_WITH_SEND_WITH_IMM;
+  constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  if (qp_type == IBV_QPT_UC && (send_ops_flags & ~kUcOps)) return EOPNOTSUPP;
+  if (qp_type == IBV_QPT_UD && (send_ops_flags & ~kUdOps)) return EOPNOTSUPP;
   if (!qp) return 0;                                        // validation only
   auto* b = new (std::nothrow) WrBatch();
   if (!b) return ENOMEM;

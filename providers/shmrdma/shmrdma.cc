@@ -124,6 +124,8 @@ const verbs_context_ops kOps = [] {
   o.destroy_srq = destroy_srq;
   o.post_srq_recv = post_srq_recv;
   o.get_srq_num = get_srq_num;
+  o.create_ah = create_ah;  // ah.cc
+  o.destroy_ah = destroy_ah;
   return o;
 }();
 

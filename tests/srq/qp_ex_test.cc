@@ -144,13 +144,28 @@ TEST_F(QpEx, CreateRules) {
   errno = 0;
   EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
   EXPECT_EQ(errno, EINVAL);
-  // Only RC.
+  // Each transport's operations only (IBA table 4): UD sends, UC no READ
+  // or atomics.
   a.comp_mask |= IBV_QP_INIT_ATTR_PD;
   a.pd = pd_;
   a.qp_type = IBV_QPT_UD;
+  a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
   errno = 0;
   EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+  a.qp_type = IBV_QPT_UC;
+  a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  for (ibv_qp_type t : {IBV_QPT_UD, IBV_QPT_UC}) {
+    a.qp_type = t;
+    a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    ibv_qp* q = ibv_create_qp_ex(ctx_, &a);
+    ASSERT_NE(q, nullptr) << std::strerror(errno);
+    EXPECT_NE(ibv_qp_to_qp_ex(q), nullptr);
+    EXPECT_EQ(ibv_destroy_qp(q), 0);
+  }
 }
 
 TEST_F(QpEx, EveryBuilderByteForByte) {
