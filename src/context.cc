@@ -34,6 +34,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->mrs_.resize(c->layout_.mr_slots);
     c->qps_.resize(c->layout_.qp_slots);
     c->live_qps_.reserve(c->layout_.qp_slots);
+    c->last_recv_tag_.reset(new std::atomic<uint8_t>[c->layout_.qp_slots]());
   } catch (const std::bad_alloc&) {
     return ENOMEM;  // the destructor removes the segment and the slot
   }
@@ -77,6 +78,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 
 LocalContext::~LocalContext() {
   close_channels();  // cq.cc: channel FIFOs the application did not destroy
+  for (const XrcdState& x : xrcds_)
+    if (x.live && x.lock_fd >= 0) ::close(x.lock_fd);  // XRC domains the application did not close
   for (const MrState& m : mrs_)
     if (m.live && m.region.memfd >= 0) release_region(m.region);  // MRs the application did not deregister
   if (async_read_fd_ >= 0) ::close(async_read_fd_);

@@ -134,6 +134,7 @@ class LocalContext {
   // Pops up to `n` completions (single consumer: the caller serialises polls
   // of one CQ). Returns the number popped.
   int poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept;
+  void skip_dead_push(const CqInfo& cq) noexcept;  // cq.cc
 
   // Receive work queues (IBV_WQT_RQ).
   int create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t max_sge, WqInfo* out) noexcept;
@@ -165,7 +166,13 @@ class LocalContext {
   int create_qp(const QpCreateArgs& args, Qp** out) noexcept;
   int modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) noexcept;
   void query_qp(Qp* qp, QpAttr* attr) noexcept;
-  int destroy_qp(Qp* qp) noexcept;
+  // XRC_RECV: each handle (create_qp, open_qp) is destroyed with the domain
+  // index it came through; the QP goes with its last handle.
+  int destroy_qp(Qp* qp, uint32_t handle_xrcd = layout::kNoIndex) noexcept;
+  // Multicast membership of a UD QP: 0, EINVAL (not UD, not a multicast
+  // GID/LID, not attached) or ENOMEM (device limits).
+  int attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
+  int detach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
   // Post verbs: 0, EINVAL (state, SGE count, opcode...), ENOMEM (full).
   int post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
   // Queues one send WR; progress() then executes what is queued.
@@ -191,6 +198,20 @@ class LocalContext {
   // Shared receive queues (srq.cc). max_wr and max_sge are rounded up to
   // powers of two and handed back in *out; the SRQ is created unarmed.
   int create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, SrqInfo* out) noexcept;
+  // An XRC SRQ (IBV_SRQT_XRC) of domain `xrcd` (open_xrcd's index) whose
+  // receive completions go to CQ `cq`.
+  int create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd, uint32_t cq, SrqInfo* out) noexcept;
+
+  // XRC domains (xrcd.cc). A domain is the file behind `fd` (st_dev,
+  // st_ino); fd -1 makes a private one. oflags: O_CREAT (create it when
+  // nobody has it open; without it: ENOENT), O_EXCL (EINVAL when it is
+  // open somewhere). close_xrcd: EBUSY while SRQs or QPs of this context use it.
+  int open_xrcd(int fd, uint32_t oflags, uint32_t* index) noexcept;
+  int close_xrcd(uint32_t index) noexcept;
+  // ibv_open_qp: another handle on XRC_RECV QP `qpn` of this context, in
+  // domain `xrcd`. EINVAL: no such QP (or another domain); EOPNOTSUPP: the
+  // QP belongs to another context (only its owner can drive it).
+  int open_qp(uint32_t qpn, uint32_t xrcd, Qp** out) noexcept;
   // attr_mask: IBV_SRQ_MAX_WR (resizing: not supported, EINVAL) and
   // IBV_SRQ_LIMIT (arms the limit event; 0 disarms; > max_wr: EINVAL).
   int modify_srq(uint32_t index, uint32_t attr_mask, uint32_t max_wr, uint32_t srq_limit) noexcept;
@@ -205,11 +226,27 @@ class LocalContext {
     bool live = false;
     uint32_t refs = 0;  // QPs attached
     uint32_t pd = 0;
+    uint32_t xrcd = layout::kNoIndex, cq = layout::kNoIndex;  // XRC SRQs
     uint64_t ring_off = 0, ring_bytes = 0;
     SrqInfo info{};
     void* user = nullptr;  // the application's ibv_srq, for async events
   };
   std::vector<SrqState_> srqs_;  // sized on first create_srq
+  struct XrcdState {
+    bool live = false;
+    uint64_t dev = 0, ino = 0;  // the domain key (st_dev, st_ino), layout.h
+    uint32_t refs = 0;          // SRQs and QPs using it
+    int lock_fd = -1;           // our own open of the file, flock(LOCK_SH) while open
+  };
+  std::vector<XrcdState> xrcds_;
+  uint64_t xrcd_private_next_ = 0;
+  int create_srq_impl(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd, uint32_t cq,
+                      SrqInfo* out) noexcept;
+  // transport.cc: the live XRC SRQ numbered `srqn` (in any context), with
+  // the peer that owns it. nullptr when no such SRQ exists.
+  layout::SrqEntry* find_xrc_srq(uint32_t srqn, std::shared_ptr<Peer>* cache, Peer** owner) noexcept;
+  // A receive taken from an XRC SRQ for QP entry t completes in that SRQ's CQ.
+  void push_xrc_recv_cqe(uint32_t srqn, const layout::Cqe& c) noexcept;
   // Callers hold mu_. An SRQ a new QP of `pd` may use: live, same PD.
   bool srq_usable(uint32_t srq, uint32_t pd) const noexcept;
   void srq_ref(uint32_t srq, int delta) noexcept;
@@ -228,6 +265,10 @@ class LocalContext {
     std::atomic<bool> overrun_reported{false};
     uint32_t channel = layout::kNoIndex;  // CqEntry channel value
     uint32_t flags = 0;                   // layout::CqFlags
+    // poll_cq's watch for a producer that died mid-push (skip_dead_push);
+    // touched only under the CQ's poll lock.
+    uint32_t empty_polls = 0, stall_pos = 0;
+    uint64_t stall_since_ns = 0;
     CqState() = default;
     CqState& operator=(const CqState& o) {
       channel = o.channel; flags = o.flags;
@@ -279,8 +320,20 @@ class LocalContext {
   Exec execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
   bool gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept;
   enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone };
+  // Where a delivered message's receive WQE comes from, when it is not t's
+  // own RQ or SRQ: an XRC SRQ in `peer`'s segment, whose PD checks the
+  // receive buffers and whose CQ gets the completion.
+  struct RecvSource {
+    Peer* peer = nullptr;
+    layout::SrqEntry* se = nullptr;
+    uint32_t srq_index = 0;
+    uint32_t srqn = 0;
+    uint32_t pd = 0;
+    uint32_t cq = 0;
+  };
   Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s, const IoVec* local, uint32_t nlocal,
-                  const uint8_t* grh, bool rnr_wait, layout::Cqe cqe, uint32_t* status) noexcept;
+                  const uint8_t* grh, bool rnr_wait, layout::Cqe cqe, uint32_t* status,
+                  const RecvSource* xrc = nullptr) noexcept;
   bool take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v) noexcept;
   void enter_send_error(Qp* qp) noexcept;
   void flush_send_queue(Qp* qp) noexcept;
@@ -311,6 +364,12 @@ class LocalContext {
   std::vector<MrState> mrs_;
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<Qp*> live_qps_;  // the non-null entries of qps_, for progress_all
+  // Per QP index: the take tag of the last receive completion an initiator
+  // wrote that poll_cq handed out (flush_qp: was a dead initiator's
+  // completion delivered?).
+  std::unique_ptr<std::atomic<uint8_t>[]> last_recv_tag_;
+  bool context_dead(uint32_t slot, uint32_t generation) noexcept;
+  bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   std::atomic<uint64_t> ud_drops_{0};     // UD messages dropped for want of a posted receive
   uint32_t attention_seen_ = 0;

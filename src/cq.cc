@@ -440,12 +440,12 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
     // Bounded retry: a CQ that stays full has overrun, as on hardware.
     r = Push::kFull;
     for (int i = 0; i < 4; ++i) {
-      RingStatus st = ring.try_push(&cqe, sizeof cqe);
+      RingStatus st = ring.try_push_cas(&cqe, sizeof cqe);
       if (st == RingStatus::ok) {
         r = Push::kOk;
         break;
       }
-      if (st != RingStatus::contended) break;
+      if (st != RingStatus::contended && st != RingStatus::abandoned) break;
     }
   }
   e->producers.fetch_sub(1, std::memory_order_release);  // P3
@@ -498,12 +498,45 @@ int LocalContext::poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept {
   int got = 0;
   while (got < n) {
     RingResult r = ring.try_claim_sc();
-    if (!r) break;
+    if (!r) {
+      if (got == 0) skip_dead_push(cq);
+      break;
+    }
     std::memcpy(&out[got], r.handle.payload, sizeof(layout::Cqe));
+    const layout::Cqe& c = out[got];
+    // Before the release: flush_qp reads the ring, then this (see
+    // recv_completion_delivered).
+    if ((c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR) {
+      uint32_t qi = layout::qpn_index(c.qp_num);
+      if (qi < layout_.qp_slots) last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
+    }
     ring.release(r.handle);
     ++got;
   }
   return got;
+}
+
+// A producer that died between reserving a CQ slot and publishing it would
+// stall the CQ forever: every later completion waits behind that slot. Once
+// in a while an empty poll looks whether the head slot is reserved but
+// unpublished, and after it stayed so for kStallNs gives it up (Ring::
+// skip_unpublished_sc; a producer that was merely slow pushes again).
+void LocalContext::skip_dead_push(const CqInfo& cq) noexcept {
+  constexpr uint64_t kStallNs = 2'000'000'000ull;
+  if (cq.index >= cqs_.size()) return;
+  CqState& st = cqs_[cq.index];
+  if ((++st.empty_polls & 1023) != 0) return;
+  Ring ring = cq.ring;
+  const uint32_t pos = ring.consumer_position();
+  const uint64_t now = mono_ns();
+  if (!st.stall_since_ns || st.stall_pos != pos) {
+    st.stall_pos = pos;
+    st.stall_since_ns = now;
+    return;
+  }
+  if (now - st.stall_since_ns < kStallNs) return;
+  st.stall_since_ns = 0;
+  (void)ring.skip_unpublished_sc();
 }
 
 }  // namespace shmrdma

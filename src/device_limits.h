@@ -40,6 +40,10 @@ inline constexpr uint32_t kMaxLogIndTblSize = 7;  // 128 WQs per table
 inline constexpr uint32_t kMaxRwqIndTableSize = 1u << kMaxLogIndTblSize;
 
 inline constexpr uint32_t kMaxPorts = 8;
+// Multicast: groups per device and QPs per group (max_total_mcast_qp_attach
+// is their product).
+inline constexpr uint32_t kMaxMcastGroups = 64;
+inline constexpr uint32_t kMaxMcastQpAttach = 32;
 inline constexpr uint32_t kGidTableLen = 16;
 inline constexpr uint32_t kPkeyTableLen = 1;
 inline constexpr uint32_t kNumCompVectors = 1;

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -100,6 +100,24 @@ static_assert(sizeof(ContextSlot) == 72 + 4 * kObjKinds);
 static_assert(offsetof(ContextSlot, state) == 0);
 static_assert(std::is_standard_layout_v<ContextSlot>);
 
+// A multicast group of the device: UD QPs attached to (GID, MLID). Written
+// under the registry lock; a member whose context slot is no longer live
+// with that generation is stale (its process closed or died) and skipped.
+struct McastMember {
+  uint32_t slot;        // context slot of the QP's owner
+  uint32_t generation;  // of that slot
+  uint32_t qpn;
+  uint32_t reserved;
+};
+struct McastGroup {
+  uint32_t state;     // kFree / kLive
+  uint16_t mlid;
+  uint16_t nmembers;  // members[0, nmembers) are in use
+  uint8_t gid[16];
+  McastMember members[limits::kMaxMcastQpAttach];
+};
+static_assert(sizeof(McastGroup) == 24 + 16 * limits::kMaxMcastQpAttach);
+
 struct RegistrySegment {
   SegmentHeader hdr;
   uint32_t reserved0;
@@ -116,6 +134,7 @@ struct RegistrySegment {
   // atomic with respect to every other RDMA atomic on the device
   // (IBV_ATOMIC_HCA). Robust and process-shared like `lock`.
   alignas(kCacheLine) pthread_mutex_t atomic_locks[kAtomicStripes];
+  alignas(kCacheLine) McastGroup mcast[limits::kMaxMcastGroups];
 };
 static_assert(std::is_standard_layout_v<RegistrySegment>);
 static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
@@ -258,9 +277,17 @@ struct QpEntry {
   std::atomic<uint32_t> rx_holder_slot;
   std::atomic<uint32_t> rx_holder_generation;
   std::atomic<uint64_t> rx_take_wr_id;
+  // XRC. xrcd_dev/xrcd_ino: the XRC domain of an XRC_RECV QP (see kXrcdPrivateDev).
+  // rx_take_srqn: the XRC SRQ the receive in rx_take was taken from (written
+  // by the holder before it moves the record to taken), so its completion or
+  // flush goes to that SRQ's CQ.
+  uint64_t xrcd_dev;
+  uint64_t xrcd_ino;
+  std::atomic<uint32_t> rx_take_srqn;
+  uint32_t reserved_xrc;
 };
-static_assert(sizeof(QpEntry) == 104);
-inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeTaken = 3, kTakeMask = 3;
+static_assert(sizeof(QpEntry) == 128);
+inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeCompleting = 2, kTakeTaken = 3, kTakeMask = 3;
 
 struct SrqEntry {
   std::atomic<uint32_t> state;
@@ -273,8 +300,25 @@ struct SrqEntry {
   std::atomic<uint32_t> limit;  // SRQ limit; 0 when not armed
   uint64_t ring_offset;
   uint64_t ring_bytes;
+  // XRC SRQs (srq_type IBV_SRQT_XRC): their domain (dev, ino: see kXrcdPrivateDev) and the CQ
+  // (index in the owner's table) their receive completions go to.
+  uint32_t srq_type;  // ibv_srq_type
+  uint32_t cq_index;  // kNoIndex for a basic SRQ
+  uint64_t xrcd_dev;
+  uint64_t xrcd_ino;
 };
-static_assert(sizeof(SrqEntry) == 48);
+static_assert(sizeof(SrqEntry) == 72);
+
+// An XRC domain is named by the file behind the descriptor it was opened
+// with (st_dev, st_ino), so every process that opens the same file shares
+// it. A private domain (fd -1) has dev kXrcdPrivateDev and an ino made of
+// the owner's context slot, generation and a counter.
+inline constexpr uint64_t kXrcdPrivateDev = ~uint64_t{0};
+
+// SRQ numbers: bits 23..16 context slot, 15..4 table index, 3..0 low bits
+// of the entry's generation (srq.cc). A peer finds an XRC SRQ from its number.
+inline constexpr uint32_t srqn_slot(uint32_t srqn) { return (srqn >> 16) & 0xff; }
+inline constexpr uint32_t srqn_index(uint32_t srqn) { return (srqn >> 4) & 0xfff; }
 
 inline constexpr uint32_t kNoIndex = 0xffffffff;
 
@@ -386,7 +430,7 @@ struct Cqe {
   uint8_t sl;
   uint8_t dlid_path_bits;
   uint8_t flags;        // CqeFlags
-  uint8_t reserved;
+  uint8_t take_tag;     // receive completions of initiators: low bits of the take counter (transport.cc)
 };
 static_assert(sizeof(Cqe) == 48);
 // kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);

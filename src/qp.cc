@@ -9,12 +9,20 @@
 namespace shmrdma {
 
 int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
-  if (a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UC && a.qp_type != IBV_QPT_UD) return EOPNOTSUPP;  // XRC: not yet
-  const QpCaps& c = a.caps;
+  if (a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UC && a.qp_type != IBV_QPT_UD &&
+      a.qp_type != IBV_QPT_XRC_SEND && a.qp_type != IBV_QPT_XRC_RECV)
+    return EOPNOTSUPP;
+  // XRC_SEND: PD and send CQ, no receive side. XRC_RECV: only a domain (no
+  // PD, CQs or queues: its receives come from the XRC SRQ each message names).
+  const bool xrc_send = a.qp_type == IBV_QPT_XRC_SEND, xrc_recv = a.qp_type == IBV_QPT_XRC_RECV;
+  if (xrc_recv ? a.xrcd == layout::kNoIndex : a.xrcd != layout::kNoIndex) return EINVAL;
+  if ((xrc_send || xrc_recv) && a.srq != layout::kNoIndex) return EINVAL;
+  const QpCaps c = xrc_recv ? QpCaps{} : a.caps;
   if (c.max_send_wr > limits::kMaxQpWr || c.max_recv_wr > limits::kMaxQpWr || c.max_send_sge > limits::kMaxSge ||
       c.max_recv_sge > limits::kMaxSge || c.max_inline_data > limits::kMaxInlineData)
     return EINVAL;
-  bool has_srq = a.srq != layout::kNoIndex;
+  // XRC QPs have no receive queue of their own, like a QP on an SRQ.
+  bool has_srq = a.srq != layout::kNoIndex || xrc_send || xrc_recv;
   // With an SRQ no receive queue is allocated: its caps only pass the limit check above.
   std::unique_ptr<Qp> qp(new (std::nothrow) Qp());
   if (!qp) return ENOMEM;
@@ -42,10 +50,16 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   qp->sq_mask = got.max_send_wr - 1;
 
   std::lock_guard lk(mu_);
-  if (a.pd >= pds_.size() || !pds_[a.pd].live || a.send_cq >= cqs_.size() || !cqs_[a.send_cq].live ||
-      a.recv_cq >= cqs_.size() || !cqs_[a.recv_cq].live)
-    return EINVAL;
-  if (has_srq && !srq_usable(a.srq, a.pd)) return EINVAL;  // srq.cc: live, same PD
+  const uint32_t pd = xrc_recv ? layout::kNoIndex : a.pd;
+  const uint32_t send_cq = xrc_recv ? layout::kNoIndex : a.send_cq;
+  const uint32_t recv_cq = (xrc_recv || xrc_send) ? layout::kNoIndex : a.recv_cq;
+  if (xrc_recv) {
+    if (a.xrcd >= xrcds_.size() || !xrcds_[a.xrcd].live) return EINVAL;
+  } else {
+    if (pd >= pds_.size() || !pds_[pd].live || send_cq >= cqs_.size() || !cqs_[send_cq].live) return EINVAL;
+    if (!xrc_send && (recv_cq >= cqs_.size() || !cqs_[recv_cq].live)) return EINVAL;
+  }
+  if (a.srq != layout::kNoIndex && !srq_usable(a.srq, a.pd)) return EINVAL;  // srq.cc: live, same PD
   uint32_t i = 0;
   while (i < qps_.size() && qps_[i]) ++i;
   if (i == qps_.size()) return ENOMEM;
@@ -68,9 +82,9 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->qpn = qpn;
   e->qp_type = a.qp_type;
   e->qp_state.store(IBV_QPS_RESET, std::memory_order_relaxed);
-  e->pd_index = a.pd;
-  e->send_cq = a.send_cq;
-  e->recv_cq = a.recv_cq;
+  e->pd_index = pd;
+  e->send_cq = send_cq;
+  e->recv_cq = recv_cq;
   e->srq_index = a.srq;
   e->rq_capacity = got.max_recv_wr;
   e->rq_max_sge = got.max_recv_sge;
@@ -84,33 +98,61 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->rx_holder_slot.store(layout::kNoIndex, std::memory_order_relaxed);
   e->rx_holder_generation.store(0, std::memory_order_relaxed);
   e->rx_take_wr_id.store(0, std::memory_order_relaxed);
+  e->xrcd_dev = xrc_recv ? xrcds_[a.xrcd].dev : 0;
+  e->xrcd_ino = xrc_recv ? xrcds_[a.xrcd].ino : 0;
+  e->rx_take_srqn.store(0, std::memory_order_relaxed);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   qp->index = i;
   qp->qpn = qpn;
   qp->qp_type = a.qp_type;
-  qp->pd = a.pd;
-  qp->send_cq = a.send_cq;
-  qp->recv_cq = a.recv_cq;
+  qp->pd = pd;
+  qp->send_cq = send_cq;
+  qp->recv_cq = recv_cq;
   qp->srq = a.srq;
+  qp->xrcd = xrc_recv ? a.xrcd : layout::kNoIndex;
+  qp->handles = 1;
   qp->sq_sig_all = a.sq_sig_all;
-  qp->caps = got;
+  qp->caps = xrc_recv ? QpCaps{} : got;
   qp->shared = e;
   qp->rq = rq;
   qp->rq_off = rq_off;
   qp->rq_bytes = rq_bytes;
-  pds_[a.pd].refs += 1;
-  cqs_[a.send_cq].refs += 1;
-  cqs_[a.recv_cq].refs += 1;
-  if (has_srq) srq_ref(a.srq, +1);  // destroy_srq: EBUSY while attached
+  if (pd != layout::kNoIndex) pds_[pd].refs += 1;
+  if (send_cq != layout::kNoIndex) cqs_[send_cq].refs += 1;
+  if (recv_cq != layout::kNoIndex) cqs_[recv_cq].refs += 1;
+  if (a.srq != layout::kNoIndex) srq_ref(a.srq, +1);  // destroy_srq: EBUSY while attached
+  if (xrc_recv) xrcds_[a.xrcd].refs += 1;             // close_xrcd: EBUSY while used
   *out = qp.get();
   live_qps_.push_back(qp.get());  // never allocates: reserved for every slot at open
   qps_[i] = std::move(qp);
   return 0;
 }
 
-int LocalContext::destroy_qp(Qp* qp) noexcept {
+// Multicast (UD only; a multicast GID and LID, IBA 4.1.1 / 10.5).
+int LocalContext::attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept {
+  if (!qp || qp->qp_type != IBV_QPT_UD || gid[0] != 0xff || lid < 0xc000 || lid == 0xffff) return EINVAL;
+  int rc = registry_.mcast_attach(gid, lid, slot_, generation_, qp->qpn);
+  if (rc == 0) qp->mcast_attached = true;
+  return rc;
+}
+
+int LocalContext::detach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept {
+  if (!qp || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  return registry_.mcast_detach(gid, lid, slot_, generation_, qp->qpn);
+}
+
+int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
   std::lock_guard lk(mu_);
   if (!qp || qp->index >= qps_.size() || qps_[qp->index].get() != qp) return EINVAL;
+  if (qp->qp_type == IBV_QPT_XRC_RECV) {
+    // Each handle holds the domain it came through; the QP lives until its
+    // last handle goes (the creator's or an ibv_open_qp one).
+    if (handle_xrcd < xrcds_.size() && xrcds_[handle_xrcd].refs) xrcds_[handle_xrcd].refs -= 1;
+    if (qp->handles > 1) {
+      qp->handles -= 1;
+      return 0;
+    }
+  }
   {
     // No post or progress may be running on this QP now (the application
     // must not use a QP it destroys); take the lock to be sure.
@@ -120,11 +162,12 @@ int LocalContext::destroy_qp(Qp* qp) noexcept {
   qp->shared->qp_state.store(IBV_QPS_RESET, std::memory_order_release);
   qp->shared->state.store(layout::kFree, std::memory_order_release);
   if (qp->rq_bytes) heap_free(qp->rq_off, qp->rq_bytes);
-  if (pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
-  if (cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;
-  if (cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
+  if (qp->pd < pds_.size() && pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
+  if (qp->send_cq < cqs_.size() && cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;
+  if (qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
   if (qp->srq != layout::kNoIndex) srq_ref(qp->srq, -1);
   live_qps_.erase(std::find(live_qps_.begin(), live_qps_.end(), qp));
+  if (qp->mcast_attached) registry_.mcast_detach_qp(slot_, generation_, qp->qpn);  // the kernel detaches too
   qps_[qp->index].reset();
   uncharge(layout::kObjQp);
   return 0;
@@ -138,6 +181,7 @@ void LocalContext::query_qp(Qp* qp, QpAttr* attr) noexcept {
 
 int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
   if (qp->srq != layout::kNoIndex) return EINVAL;  // receives go to the SRQ
+  if (!qp->rq.attached()) return EINVAL;           // XRC QPs have no receive queue
   if (num_sge > qp->caps.max_recv_sge) return EINVAL;
   uint32_t st = qp->state();
   if (st == IBV_QPS_RESET) return EINVAL;

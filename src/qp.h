@@ -34,6 +34,7 @@ struct QpCreateArgs {
   uint32_t send_cq = 0;
   uint32_t recv_cq = 0;
   uint32_t srq = layout::kNoIndex;
+  uint32_t xrcd = layout::kNoIndex;  // XRC_RECV: its domain (no PD, CQs or queues)
   bool sq_sig_all = false;
   QpCaps caps;
 };
@@ -97,6 +98,8 @@ struct SendWr {
   const AddressVector* av = nullptr;
   uint32_t remote_qpn = 0;
   uint32_t remote_qkey = 0;
+  // XRC_SEND: the SRQ number at the target (wr.qp_type.xrc.remote_srqn).
+  uint32_t xrc_srqn = 0;
 };
 
 // A tiny test-and-test-and-set lock for per-QP send-side state: held for the
@@ -136,6 +139,8 @@ struct SendSlot {
   uint32_t remote_qpn;    // UD
   uint32_t remote_qkey;   // UD
   AddressVector av;       // UD
+  uint32_t xrc_srqn;      // XRC_SEND
+  uint32_t reserved2;
 };
 
 struct Qp {
@@ -146,6 +151,8 @@ struct Qp {
   uint32_t send_cq = 0;
   uint32_t recv_cq = 0;
   uint32_t srq = layout::kNoIndex;
+  uint32_t xrcd = layout::kNoIndex;  // XRC_RECV
+  uint32_t handles = 1;              // XRC_RECV: creator + ibv_open_qp handles
   bool sq_sig_all = false;
   QpCaps caps;
   QpAttr attr;                     // last values set by modify_qp (for query_qp)
@@ -175,6 +182,9 @@ struct Qp {
   // Connection (from RTR).
   std::shared_ptr<Peer> peer;
   uint32_t remote_index = 0;
+  std::shared_ptr<Peer> xrc_peer;  // XRC_SEND: the owner of the SRQ named last
+
+  bool mcast_attached = false;  // attached to a multicast group at some point
 
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;

@@ -134,10 +134,39 @@ Transition ud_transition(uint32_t cur, uint32_t next) {
   return {};
 }
 
+// XRC_SEND (the kernel's XRC_INI): RC's table, except that INIT->RTR needs
+// no responder resources (MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER: an initiator
+// only QP answers nothing; accepted when given).
+Transition xrc_ini_transition(uint32_t cur, uint32_t next) {
+  Transition t = rc_transition(cur, next);
+  if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) {
+    constexpr uint32_t kResponder = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    t.required &= ~kResponder;
+    t.optional |= kResponder;
+  }
+  return t;
+}
+
+// XRC_RECV (XRC_TGT, the responder side): RC's table, except that
+// RTR->RTS needs only TIMEOUT and SQ_PSN (the kernel's qp_state_table; the
+// requester attributes RETRY_CNT, RNR_RETRY and MAX_QP_RD_ATOMIC are
+// accepted when given, ibv_xsrq_pingpong leaves them out).
+Transition xrc_tgt_transition(uint32_t cur, uint32_t next) {
+  Transition t = rc_transition(cur, next);
+  if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) {
+    constexpr uint32_t kRequester = IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    t.required &= ~kRequester;
+    t.optional |= kRequester;
+  }
+  return t;
+}
+
 Transition transition(uint32_t qp_type, uint32_t cur, uint32_t next) {
   switch (qp_type) {
     case IBV_QPT_UC: return uc_transition(cur, next);
     case IBV_QPT_UD: return ud_transition(cur, next);
+    case IBV_QPT_XRC_SEND: return xrc_ini_transition(cur, next);
+    case IBV_QPT_XRC_RECV: return xrc_tgt_transition(cur, next);
     default: return rc_transition(cur, next);
   }
 }

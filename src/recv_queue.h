@@ -72,6 +72,18 @@ inline bool take_end(layout::QpEntry* t, uint32_t v) noexcept {
   return t->rx_take.compare_exchange_strong(v, take_next_idle(v), std::memory_order_acq_rel);
 }
 
+// Taken -> completing: true when this caller completes the WQE. It then
+// pushes the completion and calls take_done; until then the record stays
+// busy, so completions of one QP leave in the order their WQEs were taken.
+inline bool take_complete_begin(layout::QpEntry* t, uint32_t taken) noexcept {
+  uint32_t v = taken;
+  return t->rx_take.compare_exchange_strong(v, (taken & ~layout::kTakeMask) | layout::kTakeCompleting,
+                                            std::memory_order_acq_rel);
+}
+inline void take_done(layout::QpEntry* t, uint32_t taken) noexcept {
+  t->rx_take.store(take_next_idle(taken), std::memory_order_release);
+}
+
 // The owner's side: ends a taken record, if any, and hands back its wr_id
 // to complete (flush). A reserved one is left to its initiator.
 inline bool take_reclaim(layout::QpEntry* t, uint64_t* wr_id) noexcept {

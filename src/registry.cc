@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -199,6 +200,112 @@ void Registry::uncharge(uint32_t slot, uint32_t generation, layout::ObjKind kind
   ContextSlot& mine = seg()->contexts[slot];
   if (mine.generation != generation) return;
   if (mine.held[kind] > 0) mine.held[kind] -= 1;
+}
+
+// ------------------------------------------------------------- multicast
+
+bool Registry::member_live(const layout::McastMember& m) const noexcept {
+  if (m.slot >= limits::kMaxContexts) return false;
+  const ContextSlot& c = seg()->contexts[m.slot];
+  return c.state.load(std::memory_order_acquire) == layout::kLive && c.generation == m.generation;
+}
+
+layout::McastGroup* Registry::find_group(const uint8_t gid[16], uint16_t mlid) noexcept {
+  for (auto& g : seg()->mcast)
+    if (g.state == layout::kLive && g.mlid == mlid && std::memcmp(g.gid, gid, 16) == 0) return &g;
+  return nullptr;
+}
+
+int Registry::mcast_attach(const uint8_t gid[16], uint16_t mlid, uint32_t slot, uint32_t generation,
+                           uint32_t qpn) noexcept {
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  layout::McastGroup* grp = find_group(gid, mlid);
+  if (!grp) {
+    // A free group, or one whose members are all gone.
+    for (auto& c : seg()->mcast) {
+      bool empty = c.state != layout::kLive;
+      if (!empty) {
+        empty = true;
+        for (uint32_t i = 0; i < std::min<uint32_t>(c.nmembers, limits::kMaxMcastQpAttach); ++i)
+          empty = empty && !member_live(c.members[i]);
+      }
+      if (empty) {
+        grp = &c;
+        break;
+      }
+    }
+    if (!grp) return ENOMEM;
+    std::memset(grp, 0, sizeof *grp);
+    std::memcpy(grp->gid, gid, 16);
+    grp->mlid = mlid;
+    grp->state = layout::kLive;
+  }
+  uint32_t n = std::min<uint32_t>(grp->nmembers, limits::kMaxMcastQpAttach);
+  // Compact away stale members, and find this QP if it is attached already.
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const layout::McastMember m = grp->members[i];
+    if (m.slot == slot && m.generation == generation && m.qpn == qpn) return 0;
+    if (member_live(m)) grp->members[kept++] = m;
+  }
+  if (kept == limits::kMaxMcastQpAttach) {
+    grp->nmembers = static_cast<uint16_t>(kept);
+    return ENOMEM;
+  }
+  grp->members[kept++] = layout::McastMember{slot, generation, qpn, 0};
+  grp->nmembers = static_cast<uint16_t>(kept);
+  return 0;
+}
+
+int Registry::mcast_detach(const uint8_t gid[16], uint16_t mlid, uint32_t slot, uint32_t generation,
+                           uint32_t qpn) noexcept {
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  layout::McastGroup* grp = find_group(gid, mlid);
+  if (!grp) return EINVAL;
+  uint32_t n = std::min<uint32_t>(grp->nmembers, limits::kMaxMcastQpAttach);
+  for (uint32_t i = 0; i < n; ++i) {
+    const layout::McastMember& m = grp->members[i];
+    if (m.slot == slot && m.generation == generation && m.qpn == qpn) {
+      grp->members[i] = grp->members[n - 1];
+      grp->nmembers = static_cast<uint16_t>(n - 1);
+      if (n == 1) grp->state = layout::kFree;
+      return 0;
+    }
+  }
+  return EINVAL;
+}
+
+void Registry::mcast_detach_qp(uint32_t slot, uint32_t generation, uint32_t qpn) noexcept {
+  Guard g(*this);
+  if (g.rc()) return;
+  for (auto& grp : seg()->mcast) {
+    if (grp.state != layout::kLive) continue;
+    uint32_t n = std::min<uint32_t>(grp.nmembers, limits::kMaxMcastQpAttach);
+    for (uint32_t i = 0; i < n;) {
+      const layout::McastMember& m = grp.members[i];
+      if (m.slot == slot && m.generation == generation && m.qpn == qpn) {
+        grp.members[i] = grp.members[--n];
+      } else {
+        ++i;
+      }
+    }
+    grp.nmembers = static_cast<uint16_t>(n);
+    if (n == 0) grp.state = layout::kFree;
+  }
+}
+
+uint32_t Registry::mcast_members(const uint8_t gid[16], uint16_t mlid, layout::McastMember* out,
+                                 uint32_t max) noexcept {
+  Guard g(*this);
+  if (g.rc()) return 0;
+  layout::McastGroup* grp = find_group(gid, mlid);
+  if (!grp) return 0;
+  uint32_t n = std::min<uint32_t>(grp->nmembers, limits::kMaxMcastQpAttach), got = 0;
+  for (uint32_t i = 0; i < n && got < max; ++i)
+    if (member_live(grp->members[i])) out[got++] = grp->members[i];
+  return got;
 }
 
 uint32_t Registry::alloc_qpn() noexcept {

@@ -61,6 +61,16 @@ class Registry {
   // verify the generation against the peer's segment header.
   bool context_slot(uint32_t slot, ContextInfo* out) noexcept;
 
+  // Multicast membership of UD QPs (IBA 10.5). attach: 0 (also when
+  // already attached), ENOMEM (no group or member slot left). detach: 0 or
+  // EINVAL (not attached). detach_qp drops the QP from every group.
+  int mcast_attach(const uint8_t gid[16], uint16_t mlid, uint32_t slot, uint32_t generation, uint32_t qpn) noexcept;
+  int mcast_detach(const uint8_t gid[16], uint16_t mlid, uint32_t slot, uint32_t generation, uint32_t qpn) noexcept;
+  void mcast_detach_qp(uint32_t slot, uint32_t generation, uint32_t qpn) noexcept;
+  // The live members of group (gid, mlid), at most `max`: how many. 0 when
+  // there is no such group.
+  uint32_t mcast_members(const uint8_t gid[16], uint16_t mlid, layout::McastMember* out, uint32_t max) noexcept;
+
   // Next QP/WQ number (24 bits, never 0 or 1).
   uint32_t alloc_qpn() noexcept;
 
@@ -77,6 +87,8 @@ class Registry {
   void unlock() noexcept;
   layout::RegistrySegment* seg() const noexcept { return static_cast<layout::RegistrySegment*>(map_.base()); }
   int reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept;
+  bool member_live(const layout::McastMember& m) const noexcept;
+  layout::McastGroup* find_group(const uint8_t gid[16], uint16_t mlid) noexcept;
 
   Mapping map_;
   DevicePaths paths_;

@@ -194,6 +194,7 @@ enum class RingStatus : uint8_t {
   empty,      // consumer side: the next slot is not yet published
   contended,  // gave up after kMaxAttempts (heavy contention or corruption)
   invalid,    // bad argument (e.g. length larger than the payload)
+  abandoned,  // try_push_cas: the consumer skipped our slot before we published
 };
 
 // A reserved (producer) or claimed (consumer) slot. `payload` points into
@@ -390,7 +391,67 @@ class Ring {
     return RingStatus::ok;
   }
 
+  // Like try_push, for a ring whose single consumer may give up a slot a
+  // producer reserved and never published (skip_unpublished_sc: the
+  // producer died). Publication is a CAS on seq, so a producer that was only
+  // slow learns that its slot was skipped (abandoned) and pushes again.
+  RingStatus try_push_cas(const void* src, std::size_t len) noexcept {
+    if (len > payload_size() || (src == nullptr && len != 0))
+      return RingStatus::invalid;
+    const RingResult r = try_reserve();
+    if (!r) return r.status;
+    if (len != 0) std::memcpy(r.handle.payload, src, len);
+    uint32_t expect = r.handle.pos;
+    // R1 on success (release); the failure value is not used for data.
+    if (header(r.handle.pos)->seq.compare_exchange_strong(expect, r.handle.pos + 1, std::memory_order_release,
+                                                           std::memory_order_relaxed))
+      return RingStatus::ok;
+    return RingStatus::abandoned;
+  }
+
   // ---------------------------------------------------------------- consumer
+
+  // Single consumer of a try_push_cas ring: when the next slot was reserved
+  // by a producer (producer_pos is past it) but is not published, give it up
+  // - mark it released for the next lap - and move on. The caller decides
+  // when a slot has waited long enough. true when a slot was skipped.
+  bool skip_unpublished_sc() noexcept {
+    assert(attached());
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    RingSlotHeader* h = header(pos);
+    uint32_t seq = h->seq.load(std::memory_order_acquire);
+    if (seq != pos) return false;  // published (or not ours to judge)
+    const uint32_t prod = shared_->producer_pos.load(std::memory_order_relaxed);
+    if (distance(prod, pos) <= 0) return false;  // nobody reserved it: just empty
+    // R2: the slot goes to the next lap; a late publisher's CAS fails.
+    if (!h->seq.compare_exchange_strong(seq, pos + capacity_, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return false;
+    shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // Calls f(payload) for every published, unclaimed slot from the consumer
+  // position on (at most one lap), without claiming anything. Only for the
+  // single consumer's own use; payloads are untrusted.
+  template <typename F>
+  void for_each_published(F&& f) const noexcept {
+    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    for (uint32_t n = 0; n < capacity_; ++n, ++pos) {
+      const RingSlotHeader* h = header(pos);
+      if (h->seq.load(std::memory_order_acquire) != pos + 1) {
+        // Unpublished (or a dead producer's reserved slot): later slots may
+        // still be published.
+        if (distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) <= 0) break;
+        continue;
+      }
+      f(static_cast<const std::byte*>(handle(pos).payload));
+    }
+  }
+
+  // Where the single consumer stands (to tell a stall from progress).
+  uint32_t consumer_position() const noexcept {
+    return shared_->consumer_pos.load(std::memory_order_relaxed);
+  }
 
   // Claim the next published slot (MPMC-safe). On success read the payload
   // at handle.payload (untrusted bytes!), then release(handle).

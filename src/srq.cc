@@ -1,4 +1,9 @@
-// Shared receive queues (IBV_SRQT_BASIC).
+// Shared receive queues (IBV_SRQT_BASIC and IBV_SRQT_XRC).
+//
+// An XRC SRQ also records its domain and its own CQ in the SrqEntry: the
+// initiator of an XRC send finds it by its number (context slot + index +
+// generation bits), checks it is an XRC SRQ of the target XRC_RECV QP's
+// domain, takes a WQE and completes it into that CQ (transport.cc).
 //
 // An SRQ is a ring of receive WQEs in the owner's segment heap, described to
 // peers by an SrqEntry: the owner produces (post_srq_recv, lock-free, several
@@ -24,6 +29,18 @@
 namespace shmrdma {
 
 int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, SrqInfo* out) noexcept {
+  return create_srq_impl(pd, max_wr, max_sge, layout::kNoIndex, layout::kNoIndex, out);
+}
+
+int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd, uint32_t cq,
+                             SrqInfo* out) noexcept {
+  if (xrcd == layout::kNoIndex || cq == layout::kNoIndex) return EINVAL;
+  return create_srq_impl(pd, max_wr, max_sge, xrcd, cq, out);
+}
+
+int LocalContext::create_srq_impl(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t xrcd, uint32_t cq,
+                                  SrqInfo* out) noexcept {
+  const bool xrc = xrcd != layout::kNoIndex;
   if (max_wr < 1 || max_wr > limits::kMaxSrqWr || max_sge > limits::kMaxSrqSge) return EINVAL;
   uint32_t capacity = Ring::capacity_for(max_wr);
   // An SRQ always has room for at least one SGE: max_sge 0 is handed back as 1.
@@ -39,6 +56,7 @@ int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, Srq
     }
   }
   if (pd >= pds_.size() || !pds_[pd].live) return EINVAL;
+  if (xrc && (xrcd >= xrcds_.size() || !xrcds_[xrcd].live || cq >= cqs_.size() || !cqs_[cq].live)) return EINVAL;
   uint32_t i = 0;
   while (i < srqs_.size() && srqs_[i].live) ++i;
   if (i == srqs_.size()) return ENOMEM;
@@ -62,11 +80,21 @@ int LocalContext::create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, Srq
   e->limit.store(0, std::memory_order_relaxed);
   e->ring_offset = off;
   e->ring_bytes = bytes;
+  e->srq_type = xrc ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  e->cq_index = xrc ? cq : layout::kNoIndex;
+  e->xrcd_dev = xrc ? xrcds_[xrcd].dev : 0;
+  e->xrcd_ino = xrc ? xrcds_[xrcd].ino : 0;
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   SrqState_& s = srqs_[i];
   s = SrqState_{};
   s.live = true;
   s.pd = pd;
+  s.xrcd = xrcd;
+  s.cq = cq;
+  if (xrc) {
+    xrcds_[xrcd].refs += 1;  // close_xrcd: EBUSY
+    cqs_[cq].refs += 1;      // destroy_cq: EBUSY
+  }
   s.ring_off = off;
   s.ring_bytes = bytes;
   s.info = SrqInfo{i, srq_num, capacity, sges, ring};
@@ -113,6 +141,8 @@ int LocalContext::destroy_srq(uint32_t index) noexcept {
   e->state.store(layout::kFree, std::memory_order_release);
   heap_free(s.ring_off, s.ring_bytes);
   if (s.pd < pds_.size() && pds_[s.pd].refs) pds_[s.pd].refs -= 1;
+  if (s.xrcd < xrcds_.size() && xrcds_[s.xrcd].refs) xrcds_[s.xrcd].refs -= 1;
+  if (s.cq < cqs_.size() && cqs_[s.cq].refs) cqs_[s.cq].refs -= 1;
   s = SrqState_{};
   uncharge(layout::kObjSrq);
   return 0;
@@ -131,7 +161,7 @@ void LocalContext::set_srq_user(uint32_t index, void* user) noexcept {
 bool LocalContext::srq_usable(uint32_t srq, uint32_t pd) const noexcept {
   // The IB spec associates an SRQ with a PD; a QP attached to it must be in
   // the same PD (its receive buffers are checked against that PD).
-  return srq < srqs_.size() && srqs_[srq].live && srqs_[srq].pd == pd;
+  return srq < srqs_.size() && srqs_[srq].live && srqs_[srq].pd == pd && srqs_[srq].xrcd == layout::kNoIndex;
 }
 
 void LocalContext::srq_ref(uint32_t srq, int delta) noexcept {

@@ -60,6 +60,7 @@ bool consumes_recv(uint32_t op) {
 
 constexpr uint64_t kUdMtu = 4096;  // the port's active MTU: a UD message fits in one packet
 constexpr uint64_t kGrhBytes = 40;
+constexpr uint32_t kMulticastLidFirst = 0xc000, kMulticastLidLast = 0xfffe;  // IBA 4.1.1
 
 // GID[0] of a port: the link-local prefix and the port GUID, network order.
 void port_gid(const layout::PortRecord& port, uint8_t out[16]) {
@@ -123,6 +124,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   uint32_t st = qp->state();
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  if (qp->qp_type == IBV_QPT_XRC_RECV) return EINVAL;  // a receive-only QP has no send queue
   // The operations of each transport (IBA table 4): UC has no READ or
   // atomics, UD only SENDs.
   switch (wr.opcode) {
@@ -135,7 +137,7 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      if (qp->qp_type != IBV_QPT_RC) return EINVAL;
+      if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_XRC_SEND) return EINVAL;
       break;
     default: return EINVAL;  // not an operation shmrdma implements
   }
@@ -166,18 +168,19 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     s->remote_qkey = wr.remote_qkey;
     s->av = *wr.av;
   }
+  s->xrc_srqn = wr.xrc_srqn;
   if (inl) {
     s->num_sge = 0;
     s->inline_len = static_cast<uint32_t>(total);
     uint8_t* dst = qp->inline_data(s);
     for (uint32_t k = 0; k < wr.num_sge; ++k) {
-      std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
+      if (wr.sg_list[k].length) std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
       dst += wr.sg_list[k].length;
     }
   } else {
     s->num_sge = wr.num_sge;
     s->inline_len = 0;
-    std::memcpy(qp->sges(s), wr.sg_list, wr.num_sge * sizeof(ibv_sge));
+    if (wr.num_sge) std::memcpy(qp->sges(s), wr.sg_list, wr.num_sge * sizeof(ibv_sge));
   }
   qp->sq_tail += 1;
   if (qp->sq_pending.fetch_add(1, std::memory_order_relaxed) == 0) qps_pending_.fetch_add(1, std::memory_order_relaxed);
@@ -218,13 +221,47 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   // moving the data into a QP that has now failed) is the oldest: it goes
   // first, then the ones still queued.
   uint64_t taken_wr_id = 0;
-  if (take_reclaim(qp->shared, &taken_wr_id)) {
-    layout::Cqe c{};
-    c.wr_id = taken_wr_id;
-    c.status = IBV_WC_WR_FLUSH_ERR;
-    c.opcode = IBV_WC_RECV;
-    c.qp_num = qp->qpn;
-    (void)push_cqe(qp->recv_cq, c);
+  if (qp->qp_type == IBV_QPT_XRC_RECV) {
+    // Its receives come from XRC SRQs: a taken one completes in the CQ of
+    // the SRQ it was taken from (rx_take_srqn, read before the record ends).
+    layout::QpEntry* e = qp->shared;
+    uint32_t v = e->rx_take.load(std::memory_order_acquire);
+    if ((v & layout::kTakeMask) == layout::kTakeTaken) {
+      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+      uint32_t srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
+      if (take_end(e, v)) {
+        layout::Cqe c{};
+        c.wr_id = taken_wr_id;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.opcode = IBV_WC_RECV;
+        c.qp_num = qp->qpn;
+        push_xrc_recv_cqe(srqn, c);
+      }
+    }
+  } else {
+    layout::QpEntry* e = qp->shared;
+    uint32_t v = e->rx_take.load(std::memory_order_acquire);
+    bool flush = false;
+    if ((v & layout::kTakeMask) == layout::kTakeTaken) {
+      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+      flush = take_end(e, v);
+    } else if ((v & layout::kTakeMask) == layout::kTakeCompleting &&
+               context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                            e->rx_holder_generation.load(std::memory_order_relaxed))) {
+      // The initiator died while it wrote the receive completion: flush the
+      // WQE unless that completion made it into our CQ.
+      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+      bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+      flush = take_end(e, v) && !delivered;
+    }
+    if (flush) {
+      layout::Cqe c{};
+      c.wr_id = taken_wr_id;
+      c.status = IBV_WC_WR_FLUSH_ERR;
+      c.opcode = IBV_WC_RECV;
+      c.qp_num = qp->qpn;
+      (void)push_cqe(qp->recv_cq, c);
+    }
   }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
@@ -267,6 +304,30 @@ bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) 
   return true;
 }
 
+bool LocalContext::context_dead(uint32_t slot, uint32_t generation) noexcept {
+  if (slot == slot_ && generation == generation_) return false;
+  ContextInfo info;
+  return !registry_.context_slot(slot, &info) || info.generation != generation ||
+         !process_alive(static_cast<pid_t>(info.pid), info.start_time);
+}
+
+// Whether the receive completion with take tag `tag` of QP qp reached its CQ:
+// still queued there (published), or already handed out by poll_cq. The
+// ring is read first: poll_cq records the tag before it releases a slot.
+bool LocalContext::recv_completion_delivered(Qp* qp, uint8_t tag) noexcept {
+  if (qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].live) {
+    bool found = false;
+    cqs_[qp->recv_cq].info.ring.for_each_published([&](const std::byte* payload) {
+      layout::Cqe c;
+      std::memcpy(&c, payload, sizeof c);
+      if (c.qp_num == qp->qpn && (c.opcode & IBV_WC_RECV) && c.take_tag == tag && c.status != IBV_WC_WR_FLUSH_ERR)
+        found = true;
+    });
+    if (found) return true;
+  }
+  return last_recv_tag_[qp->index].load(std::memory_order_relaxed) == tag;
+}
+
 // A busy receive record (another initiator delivers into t, or one died
 // while it did): true when its holder is dead and we ended the record. The
 // WQE it held completes with IBV_WC_REM_ABORT_ERR (its message never fully
@@ -290,6 +351,7 @@ bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint
       process_alive(static_cast<pid_t>(info.pid), info.start_time))
     return false;
   uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
+  const uint32_t srqn = t->rx_take_srqn.load(std::memory_order_relaxed);
   if (!take_end(t, v)) return false;
   if ((v & layout::kTakeMask) == layout::kTakeTaken) {
     layout::Cqe c{};
@@ -297,7 +359,10 @@ bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint
     c.status = IBV_WC_REM_ABORT_ERR;
     c.opcode = IBV_WC_RECV;
     c.qp_num = t->qpn;
-    (void)push_peer_cqe(peer, t->recv_cq, c);
+    if (t->qp_type == IBV_QPT_XRC_RECV)
+      push_xrc_recv_cqe(srqn, c);  // the XRC SRQ's CQ
+    else
+      (void)push_peer_cqe(peer, t->recv_cq, c);
   }
   return true;
 }
@@ -308,9 +373,13 @@ bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint
 // completes exactly once even if we die), scatters the data into it and
 // writes the receive completion `cqe` (wr_id, status and byte_len filled
 // here). rnr_wait: an empty queue is waited for (RC) rather than dropped.
+// xrc: the WQE comes from that XRC SRQ (possibly in another process than t,
+// which only keeps the take record); its PD checks the receive buffers and
+// its CQ gets the completion.
 LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s,
                                             const IoVec* local, uint32_t nlocal, const uint8_t* grh,
-                                            bool rnr_wait, layout::Cqe cqe, uint32_t* status) noexcept {
+                                            bool rnr_wait, layout::Cqe cqe, uint32_t* status,
+                                            const RecvSource* xrc) noexcept {
   const uint64_t len = s->length;
   uint32_t v = 0;
   if (!take_reserve(t, slot_, generation_, &v)) {
@@ -322,9 +391,19 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     *status = st;
     return Deliver::kGone;
   };
+  // Where the receive WQE, its buffers and its completion queue live.
+  Peer& rpeer = xrc ? *xrc->peer : peer;
+  const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
+  const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
+  uint32_t srq_index = t->srq_index;
   Ring rq;
   layout::SrqEntry* se = nullptr;
-  if (t->srq_index != layout::kNoIndex) {
+  if (xrc) {
+    se = xrc->se;
+    srq_index = xrc->srq_index;
+    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq))
+      return gone(IBV_WC_REM_OP_ERR);
+  } else if (t->srq_index != layout::kNoIndex) {
     se = peer.srq(t->srq_index);
     if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
         !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq))
@@ -353,6 +432,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   std::memcpy(&h, claimed.handle.payload, sizeof h);
   uint32_t rn = std::min(h.num_sge, rq_max_sge);
   std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);  // published by take_hold's release
   const uint32_t taken = take_hold(t, v, h.wr_id);
   rq.release(claimed.handle);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
@@ -360,14 +440,20 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   if (se) {
     uint32_t lim = se->limit.load(std::memory_order_relaxed);
     if (lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel))
-      peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, t->srq_index, se->generation));
+      rpeer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
   }
 
   const uint64_t total = len + (grh ? kGrhBytes : 0);
   cqe.wr_id = h.wr_id;
+  cqe.take_tag = static_cast<uint8_t>(taken >> 2);
   cqe.byte_len = static_cast<uint32_t>(total);
   auto complete = [&](const layout::Cqe& c) {
-    if (take_end(t, taken)) (void)push_peer_cqe(peer, t->recv_cq, c);  // unless the owner flushed it
+    // Unless the owner flushed it. The record stays busy until the CQE is
+    // in, so the next sender's completion cannot overtake this one.
+    if (take_complete_begin(t, taken)) {
+      (void)push_peer_cqe(rpeer, rcq, c);
+      take_done(t, taken);
+    }
   };
   auto responder_error = [&](uint32_t recv_status, uint32_t our_status) {
     // The responder's WQE completes in error and its QP enters the error
@@ -392,7 +478,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       uint64_t take = std::min<uint64_t>(rsge[k].length, need);
       if (take == 0) continue;
       Remote r;
-      if (!resolve_remote(qp, peer, rsge[k].lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+      if (!resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
         return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
       direct_iov[nremote] = {r.local, take};
       host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
@@ -407,7 +493,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     if (grh) src[nsrc++] = {const_cast<uint8_t*>(grh), kGrhBytes};
     for (uint32_t k = 0; k < nlocal; ++k) src[nsrc++] = local[k];
     const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
-    if (int rc = move_out(peer.pid, direct, src, nsrc, remote, nremote, false)) {
+    if (int rc = move_out(rpeer.pid, direct, src, nsrc, remote, nremote, false)) {
       if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
       return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
     }
@@ -457,8 +543,11 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   }
   Peer& peer = *qp->peer;
   layout::QpEntry* t = peer.qp(qp->remote_index);
+  // XRC_SEND connects to an XRC_RECV QP; the others to their own type.
+  const bool xrc = qp->qp_type == IBV_QPT_XRC_SEND;
+  const uint32_t want_type = xrc ? uint32_t{IBV_QPT_XRC_RECV} : qp->qp_type;
   if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
-      t->qp_type != qp->qp_type) {
+      t->qp_type != want_type) {
     // The peer context we cached may have been replaced by a new one in the
     // same slot: look again next time.
     if (!peer.alive()) qp->peer.reset();
@@ -467,8 +556,33 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
   if ((ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) || t->dest_qpn != qp->qpn)
     return transport_wait();
-  const uint32_t tpd = t->pd_index;
+  uint32_t tpd = t->pd_index;
   const uint32_t taccess = t->access;
+  // The process whose memory the operation touches: the target's, or with
+  // XRC the owner of the SRQ the WQE names. Every XRC request names one
+  // (the XRCETH of each packet): it must exist, be an XRC SRQ and be in the
+  // XRC_RECV QP's domain, else the responder answers with an Invalid
+  // Request NAK (IBV_WC_REM_INV_REQ_ERR, as mlx5 reports it). Its PD checks
+  // the rkeys and receive buffers, its CQ gets the receive completion.
+  Peer* dpeer = &peer;
+  RecvSource xsrc;
+  if (xrc) {
+    const uint32_t srqn = s->xrc_srqn;
+    Peer* owner = nullptr;
+    layout::SrqEntry* se = find_xrc_srq(srqn, &qp->xrc_peer, &owner);
+    if (!se) return fail(IBV_WC_REM_INV_REQ_ERR);
+    const uint64_t tdev = t->xrcd_dev, tino = t->xrcd_ino;
+    if (se->xrcd_dev != tdev || se->xrcd_ino != tino) return fail(IBV_WC_REM_INV_REQ_ERR);
+    xsrc.peer = owner;
+    xsrc.se = se;
+    xsrc.srq_index = layout::srqn_index(srqn);
+    xsrc.srqn = srqn;
+    xsrc.pd = se->pd_index;
+    xsrc.cq = se->cq_index;
+    dpeer = owner;
+    tpd = xsrc.pd;
+  }
+  Peer& mpeer = *dpeer;
 
   IoVec local[limits::kMaxSge];
   uint32_t nlocal = 0;
@@ -481,7 +595,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   Remote rm;
   auto remote_access = [&](uint32_t need, uint64_t bytes) -> bool {
     if ((taccess & need) != need) return false;
-    return resolve_remote(qp, peer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm);
+    return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm);
   };
   auto move_failed = [&](int rc) -> Exec {
     return fail((rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR);
@@ -492,13 +606,13 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) return fail(IBV_WC_REM_ACCESS_ERR);
       IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_out(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
+      if (int rc = move_out(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
     }
   } else if (s->opcode == IBV_WR_RDMA_READ) {
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) return fail(IBV_WC_REM_ACCESS_ERR);
       IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_in(peer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
+      if (int rc = move_in(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
     }
   } else if (is_atomic(s->opcode)) {
     if (s->remote_addr % 8) return fail(IBV_WC_REM_INV_REQ_ERR);
@@ -516,11 +630,11 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       }
     } else {
       // CMA tier: read-modify-write under the device's striped atomic lock.
-      uint32_t stripe = static_cast<uint32_t>((rm.host >> 3) ^ static_cast<uint64_t>(peer.pid) * 0x9e3779b9u);
+      uint32_t stripe = static_cast<uint32_t>((rm.host >> 3) ^ static_cast<uint64_t>(mpeer.pid) * 0x9e3779b9u);
       if (registry_.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
       uint64_t next = 0;
       IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
-      int rc = move_in(peer.pid, peer.self_process, &mine, 1, &theirs, 1);
+      int rc = move_in(mpeer.pid, mpeer.self_process, &mine, 1, &theirs, 1);
       if (rc == 0) {
         bool store = true;
         if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
@@ -530,7 +644,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
           next = old + s->compare_add;
         }
         IoVec nv{&next, 8};
-        if (store) rc = move_out(peer.pid, peer.self_process, &nv, 1, &theirs, 1, false);
+        if (store) rc = move_out(mpeer.pid, mpeer.self_process, &nv, 1, &theirs, 1, false);
       }
       registry_.unlock_atomic(stripe);
       if (rc) return move_failed(rc);
@@ -554,7 +668,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     cqe.imm_data = s->imm_data;
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }
-  switch (deliver(qp, peer, t, s, local, nlocal, nullptr, !uc, cqe, status)) {
+  switch (deliver(qp, peer, t, s, local, nlocal, nullptr, !uc, cqe, status, xrc ? &xsrc : nullptr)) {
     case Deliver::kDone: break;
     case Deliver::kBusy: return Exec::kWait;
     case Deliver::kResponderError:
@@ -584,7 +698,9 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
 
 // UD: every WQE names its destination (address vector, QPN, Q_Key). A
 // message nobody can take (no such QP, wrong LID/GID or Q_Key, no receive
-// posted) is dropped and the send still completes, as on the wire.
+// posted) is dropped and the send still completes, as on the wire. A
+// multicast LID (with its GRH) reaches every QP attached to the group, the
+// sender's own included when it is attached (hardware loopback).
 LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
   const uint64_t len = s->length;
   if (len > kUdMtu) {
@@ -599,29 +715,11 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   }
   const layout::DeviceRecord& dev = registry_.device();
   const uint32_t nports = std::min<uint32_t>(dev.num_ports, limits::kMaxPorts);
-  const uint32_t rqpn = s->remote_qpn & limits::kQpnMask;
   const AddressVector& av = s->av;
-  if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) || !qp->peer->alive())
-    qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
-  if (!qp->peer) return Exec::kDone;
-  Peer& peer = *qp->peer;
-  layout::QpEntry* t = peer.qp(layout::qpn_index(rqpn));
-  if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != rqpn ||
-      t->qp_type != IBV_QPT_UD)
-    return Exec::kDone;
-  uint32_t ts = t->qp_state.load(std::memory_order_acquire);
-  if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) return Exec::kDone;
-  const uint32_t tport = t->port;
-  if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid) return Exec::kDone;
-  uint8_t gid[16];
-  if (av.is_global) {
-    port_gid(dev.ports[tport - 1], gid);
-    if (std::memcmp(gid, av.dgid, 16) != 0) return Exec::kDone;
-  }
+  const bool multicast = av.dlid >= kMulticastLidFirst && av.dlid <= kMulticastLidLast;
   const uint32_t qkey = (s->remote_qkey & 0x80000000u) ? qp->attr.qkey : s->remote_qkey;
-  if (t->qkey != qkey) return Exec::kDone;
-
   const uint32_t sport = std::clamp<uint32_t>(qp->attr.port_num, 1, nports);
+
   // The 40-byte GRH area: the header when the AH had one (IBA 8.3), else
   // left as zeros.
   uint8_t grh[kGrhBytes] = {};
@@ -637,7 +735,6 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     std::memcpy(grh + 24, av.dgid, 16);
     cqe.wc_flags = IBV_WC_GRH;
   }
-  cqe.qp_num = t->qpn;
   cqe.src_qp = qp->qpn;
   cqe.slid = dev.ports[sport - 1].lid;
   cqe.sl = av.sl;
@@ -648,14 +745,50 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     cqe.imm_data = s->imm_data;
     cqe.wc_flags |= IBV_WC_WITH_IMM;
   }
-  switch (deliver(qp, peer, t, s, local, nlocal, grh, false, cqe, status)) {
-    case Deliver::kBusy: return Exec::kWait;  // another sender is delivering into that QP
-    case Deliver::kNoReceive:
-      ud_drops_.fetch_add(1, std::memory_order_relaxed);
+
+  // One destination QP: kWait when another sender is delivering into it.
+  auto send_to = [&](Peer& peer, uint32_t qpn, bool check_address) -> Exec {
+    layout::QpEntry* t = peer.qp(layout::qpn_index(qpn));
+    if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != qpn || t->qp_type != IBV_QPT_UD)
       return Exec::kDone;
-    case Deliver::kDone:
-    case Deliver::kResponderError:  // the receiver's WQE failed; unacknowledged for us
-    case Deliver::kGone: return Exec::kDone;
+    uint32_t ts = t->qp_state.load(std::memory_order_acquire);
+    if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) return Exec::kDone;
+    if (check_address) {
+      const uint32_t tport = t->port;
+      if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid) return Exec::kDone;
+      if (av.is_global) {
+        uint8_t gid[16];
+        port_gid(dev.ports[tport - 1], gid);
+        if (std::memcmp(gid, av.dgid, 16) != 0) return Exec::kDone;
+      }
+    }
+    if (t->qkey != qkey) return Exec::kDone;
+    layout::Cqe c = cqe;
+    c.qp_num = t->qpn;
+    switch (deliver(qp, peer, t, s, local, nlocal, grh, false, c, status)) {
+      case Deliver::kBusy: return Exec::kWait;
+      case Deliver::kNoReceive: ud_drops_.fetch_add(1, std::memory_order_relaxed); return Exec::kDone;
+      default: return Exec::kDone;  // delivered, or the receiver's WQE failed: unacknowledged for us
+    }
+  };
+
+  if (!multicast) {
+    const uint32_t rqpn = s->remote_qpn & limits::kQpnMask;
+    if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) || !qp->peer->alive())
+      qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
+    if (!qp->peer) return Exec::kDone;
+    return send_to(*qp->peer, rqpn, true);
+  }
+  if (!av.is_global) return Exec::kDone;  // a multicast packet carries a GRH naming its group
+  layout::McastMember members[limits::kMaxMcastQpAttach];
+  uint32_t n = registry_.mcast_members(av.dgid, av.dlid, members, limits::kMaxMcastQpAttach);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::shared_ptr<Peer> peer = peers_.get(registry_, members[i].slot, self_peer_);
+    if (!peer || peer->generation != members[i].generation) continue;
+    // A member another sender is delivering into is retried briefly; the
+    // others must not get the message twice, so the WQE never waits.
+    for (int tries = 0; tries < 1000 && send_to(*peer, members[i].qpn, false) == Exec::kWait; ++tries) {
+    }
   }
   return Exec::kDone;
 }
@@ -682,7 +815,7 @@ void LocalContext::progress(Qp* qp) noexcept {
       qp->sq_exec += 1;
       qp->sq_retire = qp->sq_exec;
       qp->wait_started_ns = 0;
-      if (qp->qp_type == IBV_QPT_RC)
+      if (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND)
         enter_error(qp);
       else
         enter_send_error(qp);
@@ -705,7 +838,7 @@ void LocalContext::check_peer(Qp* qp) noexcept {
   // transport would have given up on it), the rest and every posted receive
   // are flushed, and the application gets IBV_EVENT_QP_FATAL.
   // UC and UD have no connection to lose: nothing tells them a peer died.
-  if (qp->qp_type != IBV_QPT_RC) return;
+  if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_XRC_SEND && qp->qp_type != IBV_QPT_XRC_RECV) return;
   uint32_t st = qp->state();
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
   std::shared_ptr<Peer> peer = qp->peer;
@@ -753,6 +886,36 @@ void LocalContext::progress_all() noexcept {
     }
     if (q->sq_pending.load(std::memory_order_relaxed)) progress(q);
   }
+}
+
+}  // namespace shmrdma
+
+namespace shmrdma {
+
+layout::SrqEntry* LocalContext::find_xrc_srq(uint32_t srqn, std::shared_ptr<Peer>* cache, Peer** owner) noexcept {
+  const uint32_t slot = layout::srqn_slot(srqn);
+  // Looked up in the cached peer first, then once more in a fresh one (the
+  // slot may now hold another context).
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt || !*cache || (*cache)->slot != slot) *cache = peers_.get(registry_, slot, self_peer_);
+    if (!*cache) return nullptr;
+    Peer& p = **cache;
+    layout::SrqEntry* se = p.srq(layout::srqn_index(srqn));
+    if (se && se->state.load(std::memory_order_acquire) == layout::kLive &&  // A1 pairs with R1
+        se->srq_num == srqn && se->srq_type == IBV_SRQT_XRC) {
+      *owner = &p;
+      return se;
+    }
+  }
+  return nullptr;
+}
+
+void LocalContext::push_xrc_recv_cqe(uint32_t srqn, const layout::Cqe& c) noexcept {
+  std::shared_ptr<Peer> cache;
+  Peer* owner = nullptr;
+  layout::SrqEntry* se = find_xrc_srq(srqn, &cache, &owner);
+  if (!se) return;  // the SRQ is gone, and its CQ with it
+  (void)push_peer_cqe(*owner, se->cq_index, c);
 }
 
 }  // namespace shmrdma

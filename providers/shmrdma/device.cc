@@ -28,7 +28,8 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   o.hw_ver = limits::kHwVer;
   o.max_qp = limits::kMaxQp;
   o.max_qp_wr = limits::kMaxQpWr;
-  o.device_cap_flags = 0;
+  // What shmrdma implements: XRC domains/SRQs/QPs, receiver-not-ready waiting.
+  o.device_cap_flags = IBV_DEVICE_XRC | IBV_DEVICE_RC_RNR_NAK_GEN;
   o.max_sge = limits::kMaxSge;
   o.max_sge_rd = limits::kMaxSge;
   o.max_cq = limits::kMaxCq;
@@ -46,9 +47,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   o.max_mw = 0;
   o.max_raw_ipv6_qp = 0;
   o.max_raw_ethy_qp = 0;
-  o.max_mcast_grp = 0;
-  o.max_mcast_qp_attach = 0;
-  o.max_total_mcast_qp_attach = 0;
+  o.max_mcast_grp = static_cast<int>(limits::kMaxMcastGroups);
+  o.max_mcast_qp_attach = static_cast<int>(limits::kMaxMcastQpAttach);
+  o.max_total_mcast_qp_attach = static_cast<int>(limits::kMaxMcastGroups * limits::kMaxMcastQpAttach);
   o.max_ah = limits::kMaxAh;
   o.max_fmr = 0;
   o.max_map_per_fmr = 0;

@@ -44,6 +44,7 @@ struct Mr {
 struct QpObj {
   verbs_qp vqp;
   Qp* core;
+  uint32_t xrcd = layout::kNoIndex;  // XRC_RECV: the domain this handle came through
   struct WrBatch* batch = nullptr;  // qp_ex.cc, with the ibv_qp_ex API only
 };
 
@@ -65,6 +66,17 @@ struct Srq {
   verbs_srq vsrq;  // vsrq.srq is what the application holds
   SrqInfo info;
 };
+
+// An XRC domain handle (xrcd.cc): index into the core's domain table.
+struct Xrcd {
+  verbs_xrcd vxrcd;
+  uint32_t index;
+};
+inline Xrcd* to_xrcd(ibv_xrcd* x) noexcept { return reinterpret_cast<Xrcd*>(x); }
+// xrcd.cc
+ibv_xrcd* open_xrcd(ibv_context*, ibv_xrcd_init_attr*) noexcept;
+int close_xrcd(ibv_xrcd*) noexcept;
+ibv_qp* open_qp(ibv_context*, ibv_qp_open_attr*) noexcept;
 inline Srq* to_srq(ibv_srq* s) noexcept { return reinterpret_cast<Srq*>(s); }
 // srq.cc
 ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*) noexcept;
@@ -114,6 +126,8 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;
 int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
 int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
 int destroy_qp(ibv_qp*) noexcept;
+int attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
+int detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
 int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
 // wq.cc

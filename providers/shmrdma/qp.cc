@@ -103,6 +103,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
       w.remote_addr = wr->wr.rdma.remote_addr;
       w.rkey = wr->wr.rdma.rkey;
     }
+    if (ibqp->qp_type == IBV_QPT_XRC_SEND) w.xrc_srqn = wr->qp_type.xrc.remote_srqn;  // the target's XRC SRQ
     if (wr->num_sge < 0) {
       rc = EINVAL;
     } else {
@@ -142,9 +143,23 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
 
 namespace {
 
-ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, void* qp_context) noexcept {
-  if (!pd || !attr.send_cq || !attr.recv_cq || pd->context != ibctx || attr.send_cq->context != ibctx ||
-      attr.recv_cq->context != ibctx) {
+// xrcd: the domain of an XRC_RECV QP (which has no PD, CQs or queues).
+// XRC_SEND has a PD and a send CQ only.
+ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, void* qp_context,
+               ibv_xrcd* xrcd = nullptr) noexcept {
+  const bool xrc_recv = attr.qp_type == IBV_QPT_XRC_RECV, xrc_send = attr.qp_type == IBV_QPT_XRC_SEND;
+  if (xrc_recv) {
+    if (!xrcd || xrcd->context != ibctx) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    pd = nullptr;
+  } else if (!pd || !attr.send_cq || pd->context != ibctx || attr.send_cq->context != ibctx ||
+             (!xrc_send && (!attr.recv_cq || attr.recv_cq->context != ibctx))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((xrc_recv || xrc_send) && attr.srq) {
     errno = EINVAL;
     return nullptr;
   }
@@ -155,9 +170,10 @@ ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, voi
   QpCreateArgs a;
   a.qp_type = attr.qp_type;
   a.srq = attr.srq ? to_srq(attr.srq)->info.index : layout::kNoIndex;
-  a.pd = to_pd(pd)->index;
-  a.send_cq = to_cq(attr.send_cq)->info.index;
-  a.recv_cq = to_cq(attr.recv_cq)->info.index;
+  a.pd = pd ? to_pd(pd)->index : layout::kNoIndex;
+  a.send_cq = xrc_recv ? layout::kNoIndex : to_cq(attr.send_cq)->info.index;
+  a.recv_cq = (xrc_recv || xrc_send) ? layout::kNoIndex : to_cq(attr.recv_cq)->info.index;
+  a.xrcd = xrc_recv ? to_xrcd(xrcd)->index : layout::kNoIndex;
   a.sq_sig_all = attr.sq_sig_all != 0;
   a.caps.max_send_wr = attr.cap.max_send_wr;
   a.caps.max_recv_wr = attr.cap.max_recv_wr;
@@ -179,8 +195,13 @@ ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, voi
   q.context = ibctx;
   q.qp_context = qp_context;
   q.pd = pd;
-  q.send_cq = attr.send_cq;
-  q.recv_cq = attr.recv_cq;
+  q.send_cq = xrc_recv ? nullptr : attr.send_cq;
+  q.recv_cq = (xrc_recv || xrc_send) ? nullptr : attr.recv_cq;
+  if (xrc_recv) {
+    qp->xrcd = a.xrcd;
+    qp->vqp.comp_mask |= VERBS_QP_XRCD;
+    qp->vqp.xrcd = reinterpret_cast<verbs_xrcd*>(xrcd);
+  }
   q.srq = attr.srq;
   q.handle = qp->core->index;
   q.qp_num = qp->core->qpn;
@@ -217,16 +238,25 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS}) {
-    errno = EOPNOTSUPP;  // XRC domains, create flags and RSS come later
+  if (attr->comp_mask & ~uint32_t{IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS}) {
+    errno = EOPNOTSUPP;  // create flags and RSS come later
     return nullptr;
   }
   const bool qp_ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  if (qp_ex && attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
-    errno = EOPNOTSUPP;  // the ibv_qp_ex send API exists for RC, UC and UD
+  if (qp_ex && attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
+      attr->qp_type != IBV_QPT_XRC_SEND) {
+    errno = EOPNOTSUPP;  // the ibv_qp_ex send API exists for RC, UC, UD and XRC_SEND
     return nullptr;
   }
-  if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+  ibv_xrcd* xrcd = nullptr;
+  if (attr->qp_type == IBV_QPT_XRC_RECV) {
+    // The receive side of XRC: a domain, no PD (ibv_create_qp_ex(3)).
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    xrcd = attr->xrcd;
+  } else if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
     errno = EINVAL;
     return nullptr;
   }
@@ -245,7 +275,7 @@ ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) noexcept {
       return nullptr;
     }
   }
-  ibv_qp* q = create(ibctx, attr->pd, a, attr->qp_context);
+  ibv_qp* q = create(ibctx, xrcd ? nullptr : attr->pd, a, attr->qp_context, xrcd);
   if (q && qp_ex) {
     if (int rc = init_qp_ex(to_qp(q), attr->qp_type, attr->send_ops_flags)) {
       (void)destroy_qp(q);
@@ -285,9 +315,21 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) 
   return 0;
 }
 
+int attach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t lid) noexcept {
+  if (!gid) return EINVAL;
+  return to_ctx(ibqp->context)->core->attach_mcast(to_qp(ibqp)->core, gid->raw, lid);
+}
+
+int detach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t lid) noexcept {
+  if (!gid) return EINVAL;
+  return to_ctx(ibqp->context)->core->detach_mcast(to_qp(ibqp)->core, gid->raw, lid);
+}
+
 int destroy_qp(ibv_qp* ibqp) noexcept {
   QpObj* qp = to_qp(ibqp);
-  if (int rc = to_ctx(ibqp->context)->core->destroy_qp(qp->core)) return rc;
+  Qp* core_qp = qp->core;
+  if (core_qp->user == ibqp && core_qp->handles > 1) core_qp->user = nullptr;  // another handle outlives this one
+  if (int rc = to_ctx(ibqp->context)->core->destroy_qp(core_qp, qp->xrcd)) return rc;
   free_qp_ex(qp);  // qp_ex.cc
   delete qp;
   return 0;

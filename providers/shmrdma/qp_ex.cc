@@ -1,5 +1,5 @@
 // The ibv_qp_ex post-send API (ibv_wr_start / ibv_wr_* / ibv_wr_complete)
-// for RC, UC and UD QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
+// for RC, UC, UD and XRC_SEND QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
 //
 // A batch is private to the QP until wr_complete: builders append WQEs (with
 // the wr_id and wr_flags the application set in the ibv_qp_ex at builder
@@ -239,10 +239,16 @@ void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn, uint32_t rem
   w->wr.remote_qpn = remote_qpn;
   w->wr.remote_qkey = remote_qkey;
 }
-// XRC: not implemented yet.
-void wr_set_xrc_srqn(ibv_qp_ex* qx, uint32_t) noexcept {
+// XRC_SEND: the SRQ at the target that the WQE is for.
+void wr_set_xrc_srqn(ibv_qp_ex* qx, uint32_t remote_srqn) noexcept {
   WrBatch* b;
-  if (PendingWr* w = current(qx, &b)) w->err = EINVAL;
+  PendingWr* w = current(qx, &b);
+  if (!w) return;
+  if (obj(qx)->vqp.qp.qp_type != IBV_QPT_XRC_SEND) {
+    w->err = EINVAL;
+    return;
+  }
+  w->wr.xrc_srqn = remote_srqn;
 }
 
 // ----------------------------------------------------------------- setters

@@ -124,8 +124,13 @@ const verbs_context_ops kOps = [] {
   o.destroy_srq = destroy_srq;
   o.post_srq_recv = post_srq_recv;
   o.get_srq_num = get_srq_num;
+  o.open_xrcd = open_xrcd;  // xrcd.cc
+  o.close_xrcd = close_xrcd;
+  o.open_qp = open_qp;
   o.create_ah = create_ah;  // ah.cc
   o.destroy_ah = destroy_ah;
+  o.attach_mcast = attach_mcast;  // qp.cc
+  o.detach_mcast = detach_mcast;
   return o;
 }();
 

@@ -1,5 +1,6 @@
-// Shared receive queues (IBV_SRQT_BASIC): create/modify/query/destroy, the
-// post verb and the SRQ number. XRC and tag-matching SRQs are not supported.
+// Shared receive queues (IBV_SRQT_BASIC and IBV_SRQT_XRC): create/modify/
+// query/destroy, the post verb and the SRQ number (with which a peer's XRC
+// send names the SRQ). Tag-matching SRQs are not supported.
 #include <pthread.h>
 
 #include <cerrno>
@@ -11,7 +12,9 @@ namespace shmrdma::provider {
 
 namespace {
 
-ibv_srq* create(ibv_context* ibctx, ibv_pd* pd, ibv_srq_attr* attr, void* srq_context, ibv_cq* cq) noexcept {
+// xrcd: an XRC SRQ of that domain, completing to `cq`.
+ibv_srq* create(ibv_context* ibctx, ibv_pd* pd, ibv_srq_attr* attr, void* srq_context, ibv_cq* cq,
+                ibv_xrcd* xrcd = nullptr) noexcept {
   if (!pd || !attr || pd->context != ibctx) {
     errno = EINVAL;
     return nullptr;
@@ -24,7 +27,10 @@ ibv_srq* create(ibv_context* ibctx, ibv_pd* pd, ibv_srq_attr* attr, void* srq_co
     return nullptr;
   }
   LocalContext* core = to_ctx(ibctx)->core;
-  if (int rc = core->create_srq(to_pd(pd)->index, attr->max_wr, attr->max_sge, &srq->info)) {
+  int rc = xrcd ? core->create_srq(to_pd(pd)->index, attr->max_wr, attr->max_sge, to_xrcd(xrcd)->index,
+                                   to_cq(cq)->info.index, &srq->info)
+                : core->create_srq(to_pd(pd)->index, attr->max_wr, attr->max_sge, &srq->info);
+  if (rc) {
     delete srq;
     errno = rc;
     return nullptr;
@@ -39,8 +45,8 @@ ibv_srq* create(ibv_context* ibctx, ibv_pd* pd, ibv_srq_attr* attr, void* srq_co
   s.events_completed = 0;
   pthread_mutex_init(&s.mutex, nullptr);
   pthread_cond_init(&s.cond, nullptr);
-  srq->vsrq.srq_type = IBV_SRQT_BASIC;
-  srq->vsrq.xrcd = nullptr;
+  srq->vsrq.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+  srq->vsrq.xrcd = reinterpret_cast<verbs_xrcd*>(xrcd);
   srq->vsrq.cq = cq;
   srq->vsrq.srq_num = srq->info.srq_num;
   core->set_srq_user(srq->info.index, &s);
@@ -62,14 +68,26 @@ ibv_srq* create_srq_ex(ibv_context* ibctx, ibv_srq_init_attr_ex* attr) noexcept 
     errno = EINVAL;
     return nullptr;
   }
-  if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC) {
-    // XRC SRQs need XRC domains and tag matching needs hardware we do not model.
-    errno = (attr->srq_type == IBV_SRQT_XRC || attr->srq_type == IBV_SRQT_TM) ? EOPNOTSUPP : EINVAL;
+  const bool xrc = (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC;
+  if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC && !xrc) {
+    // Tag matching needs hardware we do not model.
+    errno = attr->srq_type == IBV_SRQT_TM ? EOPNOTSUPP : EINVAL;
     return nullptr;
   }
-  if (attr->comp_mask & (IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_TM)) {
+  if (attr->comp_mask & IBV_SRQ_INIT_ATTR_TM) {
     errno = EOPNOTSUPP;
     return nullptr;
+  }
+  if (xrc) {
+    // An XRC SRQ: its domain and the CQ its receives complete to are
+    // required (ibv_create_srq_ex(3)), and a PD for its receive buffers.
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd || attr->xrcd->context != ibctx ||
+        !(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq || attr->cq->context != ibctx ||
+        !(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    return create(ibctx, attr->pd, &attr->attr, attr->srq_context, attr->cq, attr->xrcd);
   }
   if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
     errno = EINVAL;

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """One perftest tool (server + client as separate processes) over shmrdma.
 
-  perftest.py --tool ib_write_bw --port 23101 [--iters 200] [--all] [-- EXTRA...]
+  perftest.py --tool ib_write_bw --port 23101 [--iters 200] [--all | --size N] [-- EXTRA...]
 
 Passes when both exit 0 and the client's result table has the expected
 rows, each with the iteration count asked for and a non-zero bandwidth and
 message rate (bw tools) or non-zero latencies (lat tools). With --all
-(`-a`) the table must have one row per size 2, 4, ..., 8 MiB.
+(`-a`) the table must have one row per size 2, 4, ..., 8 MiB; with --size N
+(`-s N`) one row of N bytes.
 """
 
 import argparse
@@ -27,6 +28,7 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--all", action="store_true", help="run all sizes (-a)")
+    ap.add_argument("--size", type=int, help="message size (-s); the table must have one row of this size")
     ap.add_argument("--timeout", type=int, default=90)
     ap.add_argument("extra", nargs="*", help="more perftest flags for both sides (after --)")
     a = ap.parse_args()
@@ -35,8 +37,12 @@ def main():
     systest.require_program(a.tool)
     kind = "lat" if a.tool.endswith("_lat") else "bw"
     flags = ["-p", str(a.port), "-n", str(a.iters)] + a.extra
+    if a.all and a.size is not None:
+        systest.fail("--all and --size exclude each other")
     if a.all:
         flags.append("-a")
+    if a.size is not None:
+        flags += ["-s", str(a.size)]
 
     with systest.Home() as home:
         r = systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port, timeout=a.timeout)
@@ -53,6 +59,8 @@ def main():
             want_sizes = [ATOMIC_BYTES]
         elif a.all:
             want_sizes = [2 ** k for k in range(1, 24)]
+        elif a.size is not None:
+            want_sizes = [a.size]
         else:
             want_sizes = [DEFAULT_BYTES[kind]]
         got_sizes = [int(row[0]) for row in rows]
