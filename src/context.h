@@ -68,6 +68,12 @@ struct MrInfo {
   uint32_t rkey;
 };
 
+// A memory window (mw.cc): its entry in the MR table and its first rkey.
+struct MwInfo {
+  uint32_t index;
+  uint32_t rkey;
+};
+
 // Access flags (ibv_access_flags values) the core checks.
 inline constexpr uint32_t kAccessLocalWrite = 1u << 0;
 inline constexpr uint32_t kAccessRemoteWrite = 1u << 1;
@@ -94,6 +100,8 @@ class LocalContext {
   ~LocalContext();
 
   const layout::DeviceRecord& device() const noexcept { return registry_.device(); }
+  // The live state of a port (1-based): `shmrdma port` may have changed it.
+  uint8_t port_state(uint32_t port) const noexcept { return registry_.port_state(port); }
   Registry& registry() noexcept { return registry_; }
   const std::string& segment_path() const noexcept { return map_.path(); }
 
@@ -156,6 +164,14 @@ class LocalContext {
   // `pd` with `need` access covering [addr, addr+len). Returns the host
   // address or nullptr. Reads only private state.
   const void* resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) const noexcept;
+
+  // Memory windows (mw.cc). type: 1 or 2 (ibv_mw_type). A window takes an
+  // entry of the MR table (and counts as an MR against the device limits)
+  // and holds its PD (destroy_pd: EBUSY). Binding and invalidation are send
+  // WRs (IBV_WR_BIND_MW, IBV_WR_LOCAL_INV) executed in order by progress();
+  // an MR with bound windows cannot be deregistered or re-registered (EBUSY).
+  int create_mw(uint32_t pd, uint32_t type, MwInfo* out) noexcept;
+  int destroy_mw(uint32_t index) noexcept;
 
   // Address handles (pd.cc): 0, EINVAL (PD, port, SL, GID index, LID 0
   // without a GRH) or ENOMEM (device-wide limit).
@@ -290,6 +306,12 @@ class LocalContext {
     uint32_t pd = 0, lkey = 0, rkey = 0, access = 0;
     uint64_t addr = 0, length = 0, iova = 0;
     SharedRegion region;  // the mapped tier's region (memfd -1: CMA tier)
+    // Windows (kind != kKindMr): the current rkey and the MR the last bind
+    // bound it to (kNoIndex: unbound). Whether it is still valid is the
+    // shared entry's mw_key (a peer may have invalidated it).
+    uint32_t kind = layout::kKindMr;
+    uint32_t mw_key = 0;
+    uint32_t mw_mr = layout::kNoIndex;
   };
   struct IndState { bool live = false; std::vector<uint32_t> wqs; uint64_t list_off = 0, list_bytes = 0; };
 
@@ -314,10 +336,21 @@ class LocalContext {
     uint8_t* local = nullptr; // the same bytes in this process, when directly reachable
     bool mapped = false;      // the MR is in the mapped tier (CPU atomics apply)
   };
+  // target_qpn: the QP the access arrives at (type 2 windows answer only
+  // accesses through the QP they were bound with).
   bool resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
-                      uint64_t len, Remote* out) noexcept;
+                      uint64_t len, Remote* out, uint32_t target_qpn = 0) noexcept;
   Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
   Exec execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
+  // mw.cc: IBV_WR_BIND_MW and IBV_WR_LOCAL_INV, executed by the owner;
+  // return a completion status.
+  uint32_t execute_bind(Qp* qp, const SendSlot* s) noexcept;
+  uint32_t execute_local_inv(const SendSlot* s) noexcept;
+  // mw.cc: SEND_WITH_INV at the target: invalidates window `rkey` of `peer`
+  // (PD pd). check_only: only whether it would succeed.
+  bool invalidate_remote_mw(Peer& peer, uint32_t pd, uint32_t rkey, bool check_only) noexcept;
+  // Callers hold mu_ and mw_mu_: EBUSY when a valid window is bound to MR `index`.
+  int mr_has_windows(uint32_t index) noexcept;
   bool gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept;
   enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone };
   // Where a delivered message's receive WQE comes from, when it is not t's
@@ -378,6 +411,11 @@ class LocalContext {
   PeerCache peers_;
   Peer self_peer_;
   uint32_t mr_hint_ = 0;  // where the search for a free MR slot starts
+  // Windows: their private state (mrs_ entries of window kind) changes under
+  // mw_mu_, taken after mu_ when both are needed (execute may run under mu_
+  // from progress_all). mw_list_: indices of live windows.
+  std::mutex mw_mu_;
+  std::vector<uint32_t> mw_list_;
 };
 
 // Read-only view of another context's segment, for `shmrdma status`.

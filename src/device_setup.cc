@@ -14,6 +14,10 @@
 #include <algorithm>
 #include <set>
 
+#include <infiniband/verbs.h>
+
+#include "async.h"
+
 namespace shmrdma {
 
 namespace {
@@ -143,8 +147,9 @@ int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string
     w.file(pd + "/lid_mask_count", "0");
     w.file(pd + "/sm_lid", "0x1");
     w.file(pd + "/sm_sl", "0");
-    w.file(pd + "/state", "4: ACTIVE");
-    w.file(pd + "/phys_state", "5: LinkUp");
+    const bool active = port.state != layout::kPortDown;
+    w.file(pd + "/state", active ? "4: ACTIVE" : "1: DOWN");
+    w.file(pd + "/phys_state", active ? "5: LinkUp" : "3: Disabled");
     w.file(pd + "/rate", "100 Gb/sec (4X EDR)");
     w.file(pd + "/link_layer", "InfiniBand");
     w.file(pd + "/cap_mask", "0x00000000");
@@ -284,6 +289,37 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
   }
   if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
   ensure_cdev(p, out);
+  return 0;
+}
+
+int port_set_state(const std::string& home, const std::string& name, uint32_t port, bool active, int* notified,
+                   std::string* why) {
+  *notified = 0;
+  DevicePaths p = device_paths(home, name);
+  Registry reg;
+  int rc = Registry::attach(p, &reg);
+  if (rc) {
+    *why = "device " + name + " is not up under " + home + " (" + std::strerror(rc) + ")";
+    return rc;
+  }
+  if (port < 1 || port > reg.device().num_ports) {
+    *why = "device " + name + " has " + std::to_string(reg.device().num_ports) + " port(s)";
+    return EINVAL;
+  }
+  if ((rc = reg.set_port_state(port, active ? layout::kPortActive : layout::kPortDown)) != 0) {
+    *why = std::string("cannot change the port state: ") + std::strerror(rc);
+    return rc;
+  }
+  if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  // The event, port number as its element (as the kernel's descriptors), to
+  // every open context (ibv_get_async_event in each of them).
+  for (const ContextInfo& c : reg.live_contexts()) {
+    int fd = open_async_fifo_writer(p.device_dir + "/" + c.segment + kAsyncSuffix);
+    if (fd < 0) continue;
+    if (write_async_event(fd, active ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, port))
+      *notified += 1;
+    ::close(fd);
+  }
   return 0;
 }
 

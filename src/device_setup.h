@@ -27,6 +27,12 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
 // open, unless force.
 int device_down(const std::string& home, const std::string& name, bool force, std::string* why);
 
+// Takes a port down or up (ibv_port_state in the registry, the sysfs state
+// files) and raises IBV_EVENT_PORT_ERR / IBV_EVENT_PORT_ACTIVE in every open
+// context of the device. *notified: how many contexts got the event.
+int port_set_state(const std::string& home, const std::string& name, uint32_t port, bool active, int* notified,
+                   std::string* why);
+
 // Names of the devices under `home` (those with a registry file).
 std::vector<std::string> list_devices(const std::string& home);
 

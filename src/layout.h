@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -65,9 +65,11 @@ enum EntryState : uint32_t { kFree = 0, kLive = 1 };
 enum ObjKind : uint32_t { kObjPd = 0, kObjCq, kObjWq, kObjIndTable, kObjQp, kObjSrq, kObjMr, kObjAh,
                           kObjKinds };
 
+inline constexpr uint8_t kPortDown = 1, kPortActive = 4;  // ibv_port_state values a port takes
+
 struct PortRecord {
   uint16_t lid;
-  uint8_t state;       // ibv_port_state
+  uint8_t state;       // ibv_port_state: kPortActive, or kPortDown after `shmrdma port down`
   uint8_t reserved[5];
   uint64_t port_guid;  // GID[0] = fe80::/64 + port_guid
 };
@@ -231,10 +233,28 @@ struct MrEntry {
   uint64_t map_start;
   uint64_t map_len;
   uint64_t map_id;
+  // Memory windows live in this table too (same key space: key_index names
+  // the entry). kind: MrKind. A window's entry is kLive from alloc_mw to
+  // dealloc_mw; lkey/rkey are 0 and never match. While bound, pd_index,
+  // access, iova, length, host_addr and the tier fields describe the bound
+  // range of the MR (copied from it). mw_key is (kMwValid | rkey) while the
+  // window is bound and valid, the bare rkey otherwise. The owner changes a
+  // window like a seqlock: generation odd (release fence), fields, mw_key,
+  // generation even (release); readers check generation and mw_key before
+  // and after their snapshot. A peer invalidates (IBV_WR_SEND_WITH_INV) with
+  // a CAS of mw_key from (kMwValid | rkey) to rkey: the only write a peer
+  // makes to this table. Type 2 windows only answer accesses that arrive at
+  // QP mw_qpn (type 2B).
+  uint32_t kind;
+  uint32_t mw_qpn;
+  std::atomic<uint64_t> mw_key;
 };
-static_assert(sizeof(MrEntry) == 80);
+static_assert(sizeof(MrEntry) == 96);
+static_assert(offsetof(MrEntry, mw_key) % 8 == 0);
 
 enum MrTier : uint32_t { kTierCma = 0, kTierMapped = 1 };
+enum MrKind : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
+inline constexpr uint64_t kMwValid = uint64_t{1} << 32;
 
 inline constexpr uint32_t key_index(uint32_t key) { return key >> 16; }
 

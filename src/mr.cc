@@ -84,6 +84,7 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   if (addr == 0) return EFAULT;
   if (int rc = check_mapped(addr, length)) return rc;
   std::lock_guard lk(mu_);
+  std::lock_guard wl(mw_mu_);  // execute_bind reads MR state
   if (pd >= pds_.size() || !pds_[pd].live) return EINVAL;
   uint32_t n = static_cast<uint32_t>(mrs_.size());
   uint32_t i = mr_hint_ % n, tries = 0;
@@ -101,10 +102,14 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   s.addr = addr;
   s.length = length;
   s.iova = iova;
+  s.kind = layout::kKindMr;
   s.lkey = (i << 16) | random_tag();
   s.rkey = (i << 16) | random_tag();
   auto* e = table<layout::MrEntry>(layout_.mr_table) + i;
   e->generation += 1;
+  e->kind = layout::kKindMr;
+  e->mw_qpn = 0;
+  e->mw_key.store(0, std::memory_order_relaxed);
   e->lkey = s.lkey;
   e->rkey = s.rkey;
   e->pd_index = pd;
@@ -123,7 +128,9 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
                            uint64_t iova, uint32_t access, MrInfo* out) noexcept {
   if (flags == 0 || (flags & ~(kRereg_ChangeTranslation | kRereg_ChangePd | kRereg_ChangeAccess))) return EINVAL;
   std::lock_guard lk(mu_);
-  if (index >= mrs_.size() || !mrs_[index].live) return EINVAL;
+  std::lock_guard wl(mw_mu_);  // execute_bind reads MR state
+  if (index >= mrs_.size() || !mrs_[index].live || mrs_[index].kind != layout::kKindMr) return EINVAL;
+  if (int rc = mr_has_windows(index)) return rc;
   MrState next = mrs_[index];
   if (flags & kRereg_ChangeAccess) {
     if (int rc = check_access(access)) return rc;
@@ -171,7 +178,9 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
 
 int LocalContext::destroy_mr(uint32_t index) noexcept {
   std::lock_guard lk(mu_);
-  if (index >= mrs_.size() || !mrs_[index].live) return EINVAL;
+  std::lock_guard wl(mw_mu_);  // execute_bind reads MR state
+  if (index >= mrs_.size() || !mrs_[index].live || mrs_[index].kind != layout::kKindMr) return EINVAL;
+  if (int rc = mr_has_windows(index)) return rc;  // IBA 10.6.7.2.6: windows bound to it
   table<layout::MrEntry>(layout_.mr_table)[index].state.store(layout::kFree, std::memory_order_release);
   if (pds_[mrs_[index].pd].refs) pds_[mrs_[index].pd].refs -= 1;
   if (mrs_[index].region.memfd >= 0) release_region(mrs_[index].region);
@@ -185,7 +194,7 @@ const void* LocalContext::resolve_local(uint32_t lkey, uint32_t pd, uint64_t add
   uint32_t i = layout::key_index(lkey);
   if (i >= mrs_.size()) return nullptr;
   const MrState& s = mrs_[i];
-  if (!s.live || s.lkey != lkey || s.pd != pd || (s.access & need) != need) return nullptr;
+  if (!s.live || s.kind != layout::kKindMr || s.lkey != lkey || s.pd != pd || (s.access & need) != need) return nullptr;
   if (addr < s.iova || len > s.length || addr - s.iova > s.length - len) return nullptr;
   return reinterpret_cast<const void*>(s.addr + (addr - s.iova));
 }

@@ -100,6 +100,16 @@ struct SendWr {
   uint32_t remote_qkey = 0;
   // XRC_SEND: the SRQ number at the target (wr.qp_type.xrc.remote_srqn).
   uint32_t xrc_srqn = 0;
+  // IBV_WR_BIND_MW: the window (its MR-table index), the MR (index and lkey;
+  // kNoIndex: none) and the range and access to bind; rkey is the new key
+  // (only its low 8 bits are taken). IBV_WR_LOCAL_INV: rkey is the key to
+  // invalidate; IBV_WR_SEND_WITH_INV: imm_data is (host order).
+  uint32_t mw_index = layout::kNoIndex;
+  uint32_t mw_mr = layout::kNoIndex;
+  uint32_t mw_mr_lkey = 0;
+  uint32_t mw_access = 0;
+  uint64_t mw_addr = 0;
+  uint64_t mw_length = 0;
 };
 
 // A tiny test-and-test-and-set lock for per-QP send-side state: held for the
@@ -141,6 +151,8 @@ struct SendSlot {
   AddressVector av;       // UD
   uint32_t xrc_srqn;      // XRC_SEND
   uint32_t reserved2;
+  uint32_t mw_index, mw_mr, mw_mr_lkey, mw_access;  // IBV_WR_BIND_MW (SendWr)
+  uint64_t mw_addr, mw_length;
 };
 
 struct Qp {

@@ -202,6 +202,23 @@ void Registry::uncharge(uint32_t slot, uint32_t generation, layout::ObjKind kind
   if (mine.held[kind] > 0) mine.held[kind] -= 1;
 }
 
+// ----------------------------------------------------------------- ports
+
+uint8_t Registry::port_state(uint32_t port) const noexcept {
+  if (!valid() || port < 1 || port > device_.num_ports) return 0;
+  uint8_t s = std::atomic_ref<uint8_t>(seg()->device.ports[port - 1].state).load(std::memory_order_relaxed);
+  return (s == layout::kPortDown || s == layout::kPortActive) ? s : layout::kPortActive;  // untrusted
+}
+
+int Registry::set_port_state(uint32_t port, uint8_t state) noexcept {
+  if (port < 1 || port > device_.num_ports || (state != layout::kPortDown && state != layout::kPortActive)) return EINVAL;
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  std::atomic_ref<uint8_t>(seg()->device.ports[port - 1].state).store(state, std::memory_order_relaxed);
+  device_.ports[port - 1].state = state;
+  return 0;
+}
+
 // ------------------------------------------------------------- multicast
 
 bool Registry::member_live(const layout::McastMember& m) const noexcept {

@@ -71,6 +71,11 @@ class Registry {
   // there is no such group.
   uint32_t mcast_members(const uint8_t gid[16], uint16_t mlid, layout::McastMember* out, uint32_t max) noexcept;
 
+  // A port's state (ibv_port_state), read live from the segment: `shmrdma
+  // port` changes it. port is 1-based; 0 for an invalid port.
+  uint8_t port_state(uint32_t port) const noexcept;
+  int set_port_state(uint32_t port, uint8_t state) noexcept;
+
   // Next QP/WQ number (24 bits, never 0 or 1).
   uint32_t alloc_qpn() noexcept;
 

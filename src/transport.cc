@@ -44,7 +44,10 @@ uint32_t wc_opcode(uint32_t wr_opcode) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
     case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV: return IBV_WC_SEND;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
@@ -55,8 +58,12 @@ uint32_t wc_opcode(uint32_t wr_opcode) {
 bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
 
 bool consumes_recv(uint32_t op) {
-  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+  return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
+         op == IBV_WR_SEND_WITH_INV;
 }
+
+// Operations the owner executes on its own objects (mw.cc).
+bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 constexpr uint64_t kUdMtu = 4096;  // the port's active MTU: a UD message fits in one packet
 constexpr uint64_t kGrhBytes = 40;
@@ -77,16 +84,34 @@ void port_gid(const layout::PortRecord& port, uint8_t out[16]) {
 // can be touched directly (the target is this process, or the MR is in the
 // mapped tier and we mapped it), a local pointer to them.
 bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need,
-                                  uint64_t addr, uint64_t len, Remote* out) noexcept {
+                                  uint64_t addr, uint64_t len, Remote* out, uint32_t target_qpn) noexcept {
   layout::MrEntry* e = peer.mr(layout::key_index(key));
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
+  // A memory window (mw.cc): an rkey only, valid and bound; the snapshot is
+  // taken inside the owner's seqlock (layout.h MrEntry).
+  const uint32_t kind = e->kind;
+  std::atomic_ref<uint32_t> gen(e->generation);
+  uint32_t g = 0;
+  uint64_t mk = 0;
+  if (kind != layout::kKindMr) {
+    if (!rkey) return false;
+    g = gen.load(std::memory_order_acquire);
+    mk = e->mw_key.load(std::memory_order_acquire);
+    if ((g & 1) || mk != (layout::kMwValid | key)) return false;
+  }
   // One snapshot of the untrusted entry; everything below uses the copy.
-  uint32_t k = rkey ? e->rkey : e->lkey;
+  uint32_t k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
+  uint32_t epd = e->pd_index, eaccess = e->access, mw_qpn = e->mw_qpn;
   uint64_t iova = e->iova, length = e->length, host = e->host_addr;
   uint32_t tier = e->tier;
   int memfd = e->memfd;
   uint64_t map_start = e->map_start, map_len = e->map_len, map_id = e->map_id;
-  if (k != key || e->pd_index != pd || (e->access & need) != need) return false;
+  if (kind != layout::kKindMr) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (gen.load(std::memory_order_relaxed) != g || e->mw_key.load(std::memory_order_relaxed) != mk) return false;
+    if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
+  }
+  if (k != key || epd != pd || (eaccess & need) != need) return false;
   if (addr < iova || len > length || addr - iova > length - len) return false;
   out->host = host + (addr - iova);
   out->local = nullptr;
@@ -130,6 +155,11 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   switch (wr.opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: break;
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      if (qp->qp_type == IBV_QPT_UD) return EINVAL;
+      break;
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
       if (qp->qp_type == IBV_QPT_UD) return EINVAL;
@@ -142,10 +172,13 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     default: return EINVAL;  // not an operation shmrdma implements
   }
   if (qp->qp_type == IBV_QPT_UD && !wr.av) return EINVAL;
-  if (wr.num_sge > qp->caps.max_send_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
+  const bool local_op = is_local_op(wr.opcode);  // no data: SGEs are ignored
+  const uint32_t num_sge = local_op ? 0 : wr.num_sge;
+  if (num_sge > qp->caps.max_send_sge || (num_sge && !wr.sg_list)) return EINVAL;
   uint64_t total = 0;
-  for (uint32_t k = 0; k < wr.num_sge; ++k) total += wr.sg_list[k].length;
-  bool inl = (wr.send_flags & IBV_SEND_INLINE) && !is_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ;
+  for (uint32_t k = 0; k < num_sge; ++k) total += wr.sg_list[k].length;
+  bool inl = (wr.send_flags & IBV_SEND_INLINE) && !is_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ &&
+             !local_op;
   if (inl && total > qp->caps.max_inline_data) return EINVAL;
   if (is_atomic(wr.opcode) && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
   if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
@@ -169,18 +202,24 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     s->av = *wr.av;
   }
   s->xrc_srqn = wr.xrc_srqn;
+  s->mw_index = wr.mw_index;
+  s->mw_mr = wr.mw_mr;
+  s->mw_mr_lkey = wr.mw_mr_lkey;
+  s->mw_access = wr.mw_access;
+  s->mw_addr = wr.mw_addr;
+  s->mw_length = wr.mw_length;
   if (inl) {
     s->num_sge = 0;
     s->inline_len = static_cast<uint32_t>(total);
     uint8_t* dst = qp->inline_data(s);
-    for (uint32_t k = 0; k < wr.num_sge; ++k) {
+    for (uint32_t k = 0; k < num_sge; ++k) {
       if (wr.sg_list[k].length) std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
       dst += wr.sg_list[k].length;
     }
   } else {
-    s->num_sge = wr.num_sge;
+    s->num_sge = num_sge;
     s->inline_len = 0;
-    if (wr.num_sge) std::memcpy(qp->sges(s), wr.sg_list, wr.num_sge * sizeof(ibv_sge));
+    if (num_sge) std::memcpy(qp->sges(s), wr.sg_list, num_sge * sizeof(ibv_sge));
   }
   qp->sq_tail += 1;
   if (qp->sq_pending.fetch_add(1, std::memory_order_relaxed) == 0) qps_pending_.fetch_add(1, std::memory_order_relaxed);
@@ -498,6 +537,11 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
     }
   }
+  // SEND_WITH_INV: the window is invalid before the receiver can see the
+  // completion. A key that names no valid type 2 window of the receiver's
+  // PD is an invalid request (rxe: RESPST_ERR_INVALIDATE_RKEY).
+  if ((cqe.wc_flags & IBV_WC_WITH_INV) && !invalidate_remote_mw(rpeer, rpd, cqe.imm_data, false))
+    return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
   cqe.status = IBV_WC_SUCCESS;
   complete(cqe);
   return Deliver::kDone;
@@ -505,6 +549,11 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
 
 LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
   if (qp->qp_type == IBV_QPT_UD) return execute_ud(qp, s, status);
+  if (is_local_op(s->opcode)) {
+    // Memory windows (mw.cc): local, they need no peer.
+    *status = s->opcode == IBV_WR_BIND_MW ? execute_bind(qp, s) : execute_local_inv(s);
+    return *status == IBV_WC_SUCCESS ? Exec::kDone : Exec::kError;
+  }
   const uint64_t now = now_ns();
   const QpAttr& a = qp->attr;
   // UC is unacknowledged: what RC would wait for or fail on (an absent
@@ -595,7 +644,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   Remote rm;
   auto remote_access = [&](uint32_t need, uint64_t bytes) -> bool {
     if ((taccess & need) != need) return false;
-    return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm);
+    return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm, t->qpn);
   };
   auto move_failed = [&](int rc) -> Exec {
     return fail((rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR);
@@ -664,7 +713,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
   cqe.opcode = s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
   if (s->send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;  // wakes solicited_only arming
-  if (s->opcode != IBV_WR_SEND) {
+  if (s->opcode == IBV_WR_SEND_WITH_INV) {
+    cqe.imm_data = s->imm_data;  // invalidated_rkey (host order); deliver() invalidates it
+    cqe.wc_flags = IBV_WC_WITH_INV;
+  } else if (s->opcode != IBV_WR_SEND) {
     cqe.imm_data = s->imm_data;
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }

@@ -273,6 +273,17 @@ int cmd_status(const std::string& home, bool json) {
   return 0;
 }
 
+int cmd_port(const std::string& home, const std::string& name, uint32_t port, bool up) {
+  std::string why;
+  int notified = 0;
+  if (int rc = shmrdma::port_set_state(home, name, port, up, &notified, &why)) {
+    fmt::print(stderr, "shmrdma port: {}\n", why.empty() ? std::strerror(rc) : why);
+    return 1;
+  }
+  fmt::print("{} port {}: {} ({} process(es) notified)\n", name, port, up ? "ACTIVE" : "DOWN", notified);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -295,6 +306,12 @@ int main(int argc, char** argv) {
   down->add_flag("--force", force, "remove it even while processes use it");
   auto* env = app.add_subcommand("env", "print export lines for eval, to use the devices from this shell");
   auto* run = app.add_subcommand("run", "run PROGRAM [ARGS...] with the environment that loads shmrdma");
+  auto* port = app.add_subcommand("port", "take a port down or up (port state, sysfs, IBV_EVENT_PORT_ERR/ACTIVE)");
+  uint32_t port_num = 1;
+  std::string port_state;
+  port->add_option("--name", name, "device name")->capture_default_str();
+  port->add_option("--port", port_num, "port number")->capture_default_str();
+  port->add_option("state", port_state, "down or up")->required()->check(CLI::IsMember({"down", "up"}));
   auto* status = app.add_subcommand("status", "list devices, their processes and objects");
   status->add_flag("--json", json, "machine-readable output");
 
@@ -326,5 +343,6 @@ int main(int argc, char** argv) {
   if (*env) return cmd_env(home);
   if (*run) return cmd_run(home, program);
   if (*status) return cmd_status(home, json);
+  if (*port) return cmd_port(home, name, port_num, port_state == "up");
   return 2;
 }

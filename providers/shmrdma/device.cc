@@ -28,8 +28,10 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   o.hw_ver = limits::kHwVer;
   o.max_qp = limits::kMaxQp;
   o.max_qp_wr = limits::kMaxQpWr;
-  // What shmrdma implements: XRC domains/SRQs/QPs, receiver-not-ready waiting.
-  o.device_cap_flags = IBV_DEVICE_XRC | IBV_DEVICE_RC_RNR_NAK_GEN;
+  // What shmrdma implements: XRC domains/SRQs/QPs, receiver-not-ready waiting,
+  // memory windows of type 1 and 2B (src/mw.cc).
+  o.device_cap_flags = IBV_DEVICE_XRC | IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   o.max_sge = limits::kMaxSge;
   o.max_sge_rd = limits::kMaxSge;
   o.max_cq = limits::kMaxCq;
@@ -44,7 +46,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   o.atomic_cap = IBV_ATOMIC_HCA;  // atomic with respect to every other RDMA atomic on the device
   o.max_ee = 0;
   o.max_rdd = 0;
-  o.max_mw = 0;
+  o.max_mw = limits::kMaxMr;  // windows take entries of the MR table
   o.max_raw_ipv6_qp = 0;
   o.max_raw_ethy_qp = 0;
   o.max_mcast_grp = static_cast<int>(limits::kMaxMcastGroups);
@@ -77,7 +79,7 @@ int query_port(ibv_context* ibctx, uint8_t port_num, ibv_port_attr* attr) noexce
   if (!attr || port_num < 1 || port_num > dev.num_ports) return EINVAL;
   const layout::PortRecord& p = dev.ports[port_num - 1];
   *attr = ibv_port_attr{};
-  attr->state = IBV_PORT_ACTIVE;
+  attr->state = static_cast<ibv_port_state>(to_ctx(ibctx)->core->port_state(port_num));
   attr->max_mtu = IBV_MTU_4096;
   attr->active_mtu = IBV_MTU_4096;
   attr->gid_tbl_len = limits::kGidTableLen;

@@ -67,4 +67,69 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   return 0;
 }
 
+// Memory windows (core: src/mw.cc).
+ibv_mw* alloc_mw(ibv_pd* ibpd, ibv_mw_type type) noexcept {
+  if (!ibpd || (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* mw = new (std::nothrow) Mw{};
+  if (!mw) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  MwInfo info{};
+  if (int rc = to_ctx(ibpd->context)->core->create_mw(to_pd(ibpd)->index, static_cast<uint32_t>(type), &info)) {
+    delete mw;
+    errno = rc;
+    return nullptr;
+  }
+  mw->index = info.index;
+  mw->ibv.context = ibpd->context;
+  mw->ibv.pd = ibpd;
+  mw->ibv.rkey = info.rkey;
+  mw->ibv.handle = info.index;
+  mw->ibv.type = type;
+  return &mw->ibv;
+}
+
+int dealloc_mw(ibv_mw* ibmw) noexcept {
+  Mw* mw = to_mw(ibmw);
+  if (int rc = to_ctx(ibmw->context)->core->destroy_mw(mw->index)) return rc;
+  delete mw;
+  return 0;
+}
+
+int fill_bind(ibv_qp* qp, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info, SendWr* w) noexcept {
+  if (!mw || mw->context != qp->context || (info.mr && info.mr->context != qp->context)) return EINVAL;
+  w->opcode = IBV_WR_BIND_MW;
+  w->rkey = rkey;
+  w->mw_index = to_mw(mw)->index;
+  w->mw_mr = info.mr ? to_mr(reinterpret_cast<verbs_mr*>(info.mr))->info.index : layout::kNoIndex;
+  w->mw_mr_lkey = info.mr ? info.mr->lkey : 0;
+  w->mw_addr = info.addr;
+  w->mw_length = info.length;
+  w->mw_access = info.mw_access_flags;
+  return 0;
+}
+
+// ibv_bind_mw (type 1). libibverbs' inline wrapper has checked the type,
+// that a bind without MR has no range and that the MR is in the window's
+// PD. As rxe does, the bind is a send WR with the next key (ibv_inc_rkey),
+// which is in mw->rkey when we return (the application undoes it when the
+// bind completes in error).
+int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) noexcept {
+  if (!qp || !mw || !bind || mw->type != IBV_MW_TYPE_1) return EINVAL;
+  if (bind->bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED) return EINVAL;
+  SendWr w;
+  w.wr_id = bind->wr_id;
+  w.send_flags = bind->send_flags;
+  if (int rc = fill_bind(qp, mw, ibv_inc_rkey(mw->rkey), bind->bind_info, &w)) return rc;
+  LocalContext* core = to_ctx(qp->context)->core;
+  if (int rc = core->enqueue_send(to_qp(qp)->core, w)) return rc;
+  mw->rkey = w.rkey;
+  core->progress(to_qp(qp)->core);
+  return 0;
+}
+
 }  // namespace shmrdma::provider

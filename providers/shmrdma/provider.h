@@ -41,6 +41,13 @@ struct Mr {
   MrInfo info;
 };
 
+// A memory window (mr.cc): index of its entry in the core's MR table.
+struct Mw {
+  ibv_mw ibv;
+  uint32_t index;
+};
+inline Mw* to_mw(ibv_mw* m) noexcept { return reinterpret_cast<Mw*>(m); }
+
 struct QpObj {
   verbs_qp vqp;
   Qp* core;
@@ -120,6 +127,12 @@ void cq_event(ibv_cq*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
+ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type) noexcept;
+int dealloc_mw(ibv_mw*) noexcept;
+int bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) noexcept;
+// The fields of an IBV_WR_BIND_MW WQE (mr.cc): EINVAL for objects of
+// another context.
+int fill_bind(ibv_qp* qp, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info& info, SendWr* w) noexcept;
 // qp.cc
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
 ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;

@@ -94,6 +94,18 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
       w.rkey = wr->wr.atomic.rkey;
       w.compare_add = wr->wr.atomic.compare_add;
       w.swap = wr->wr.atomic.swap;
+    } else if (wr->opcode == IBV_WR_BIND_MW) {
+      // Type 2 only: type 1 windows are bound with ibv_bind_mw.
+      if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
+          fill_bind(ibqp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info, &w) != 0) {
+        if (bad_wr) *bad_wr = wr;
+        rc = EINVAL;
+        break;
+      }
+    } else if (wr->opcode == IBV_WR_LOCAL_INV) {
+      w.rkey = wr->invalidate_rkey;
+    } else if (wr->opcode == IBV_WR_SEND_WITH_INV) {
+      w.imm_data = wr->invalidate_rkey;  // the union: host order
     } else if (ibqp->qp_type == IBV_QPT_UD) {
       // wr.ud: the AH's address vector, copied into the WQE by the core.
       w.av = wr->wr.ud.ah ? &to_ah(wr->wr.ud.ah)->av : nullptr;

@@ -31,7 +31,8 @@ namespace {
 
 constexpr uint64_t kSupportedOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                                    IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                                   IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                   IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                                   IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 struct PendingWr {
   SendWr wr;              // sg_list is filled in at wr_complete
@@ -220,9 +221,22 @@ void wr_atomic_fetch_add(ibv_qp_ex* qx, uint32_t rkey, uint64_t remote_addr, uin
 void unsupported(ibv_qp_ex* qx) noexcept {
   if (PendingWr* w = build(qx, IBV_WR_SEND, 0)) w->err = EOPNOTSUPP;
 }
-void wr_bind_mw(ibv_qp_ex* qx, ibv_mw*, uint32_t, const ibv_mw_bind_info*) noexcept { unsupported(qx); }
-void wr_local_inv(ibv_qp_ex* qx, uint32_t) noexcept { unsupported(qx); }
-void wr_send_inv(ibv_qp_ex* qx, uint32_t) noexcept { unsupported(qx); }
+// Memory windows: type 2 binds (type 1 windows are bound with ibv_bind_mw),
+// local invalidation, SEND with invalidate (the rkey in the receiver's
+// completion).
+void wr_bind_mw(ibv_qp_ex* qx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) noexcept {
+  if (PendingWr* w = build(qx, IBV_WR_BIND_MW, IBV_QP_EX_WITH_BIND_MW)) {
+    if (!mw || !info || mw->type != IBV_MW_TYPE_2 || fill_bind(&obj(qx)->vqp.qp, mw, rkey, *info, &w->wr) != 0) {
+      if (!w->err) w->err = EINVAL;
+    }
+  }
+}
+void wr_local_inv(ibv_qp_ex* qx, uint32_t invalidate_rkey) noexcept {
+  if (PendingWr* w = build(qx, IBV_WR_LOCAL_INV, IBV_QP_EX_WITH_LOCAL_INV)) w->wr.rkey = invalidate_rkey;
+}
+void wr_send_inv(ibv_qp_ex* qx, uint32_t invalidate_rkey) noexcept {
+  if (PendingWr* w = build(qx, IBV_WR_SEND_WITH_INV, IBV_QP_EX_WITH_SEND_WITH_INV)) w->wr.imm_data = invalidate_rkey;
+}
 void wr_send_tso(ibv_qp_ex* qx, void*, uint16_t, uint16_t) noexcept { unsupported(qx); }
 void wr_atomic_write(ibv_qp_ex* qx, uint32_t, uint64_t, const void*) noexcept { unsupported(qx); }
 // The destination of a UD WQE (the AH must live until wr_complete); on
@@ -333,10 +347,11 @@ void wr_set_inline_data_list(ibv_qp_ex* qx, size_t num_buf, const ibv_data_buf* 
 }  // namespace
 
 int init_qp_ex(QpObj* qp, uint32_t qp_type, uint64_t send_ops_flags) noexcept {
-  if (send_ops_flags & ~kSupportedOps) return EOPNOTSUPP;  // local invalidate, bind MW, TSO, atomic write...
+  if (send_ops_flags & ~kSupportedOps) return EOPNOTSUPP;  // TSO, atomic write...
   // What each transport can do (IBA table 4).
   constexpr uint64_t kUcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
-                              IBV_QP_EX_WITH_SEND_WITH_IMM;
+                              IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
+                              IBV_QP_EX_WITH_SEND_WITH_INV;
   constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
   if (qp_type == IBV_QPT_UC && (send_ops_flags & ~kUcOps)) return EOPNOTSUPP;
   if (qp_type == IBV_QPT_UD && (send_ops_flags & ~kUdOps)) return EOPNOTSUPP;

@@ -350,6 +350,12 @@ class Memory : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
   DP_REQUIRE_DEVICE();
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's allocator never puts a small allocation in the pages of a large
+  // one, so the scenario cannot be set up (and ASan builds use the CMA tier,
+  // which shares no pages).
+  if (std::string(GetParam()) == "fork-neighbor") GTEST_SKIP() << "not reproducible under AddressSanitizer";
+#endif
   auto& home = dp::Home::get();
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
