@@ -9,18 +9,23 @@ bash scripts/install-deps.sh
 
 run_suite() {
   local dir="$1"; shift
+  local suites=()
+  while [ $# -gt 0 ] && [ "$1" = "--suite" ]; do suites+=("$1" "$2"); shift 2; done
   if [ -d "$dir" ]; then
     meson setup "$dir" --reconfigure "$@" >/dev/null
   else
     meson setup "$dir" "$@" >/dev/null
   fi
   ninja -C "$dir"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild
+  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild "${suites[@]}"
 }
 
 echo "== build and test (debugoptimized): every suite"
 run_suite build-test
-echo "== ASan+UBSan: core and provider suites"
+echo "== ASan+UBSan: every suite of our own programs (data path and events included)"
+# The process-killing UD scenarios stay with the plain build: their timing
+# under ASan on a loaded 2-core machine is not what they test.
+GTEST_FILTER='-*ud_deadpeer*:*ud_deadsender*' \
 LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
   run_suite build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dsystem_tests=false
 echo "== TSan: core and provider suites"
@@ -28,7 +33,8 @@ echo "== TSan: core and provider suites"
 # them through `shmrdma run` are left to the other two builds.
 GTEST_FILTER='-StockTools.*:SrqMultiProcess.StockIbvSrqPingpong' \
 TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp" \
-  run_suite build-tsan -Db_sanitize=thread -Db_lundef=false -Dsystem_tests=false
+  run_suite build-tsan --suite unit --suite stress --suite integration --suite srq \
+    -Db_sanitize=thread -Db_lundef=false -Dsystem_tests=false
 # One plain closing line over every suite that ran.
 python3 - build-test build-asan build-tsan <<'PY'
 import json, sys
