@@ -425,8 +425,9 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     if (!take_holder_dead(qp, peer, t, v) || !take_reserve(t, slot_, generation_, &v)) return Deliver::kBusy;
   }
   qp->busy_take_qpn = 0;
+  uint32_t held = v;  // the record's value while we hold it (reserved, then taken)
   auto gone = [&](uint32_t st) {
-    take_end(t, v);
+    take_end(t, held);
     *status = st;
     return Deliver::kGone;
   };
@@ -473,6 +474,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
   if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);  // published by take_hold's release
   const uint32_t taken = take_hold(t, v, h.wr_id);
+  held = taken;
   rq.release(claimed.handle);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
   // exchange disarms it, so each arming raises one event.
