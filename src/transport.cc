@@ -236,6 +236,18 @@ void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept 
   (void)push_cqe(qp->send_cq, c);  // a full CQ has overrun; the completion is lost, as on hardware
 }
 
+namespace {
+// A receive completion the owner writes itself (flush, abort).
+layout::Cqe recv_status_cqe(uint64_t wr_id, uint32_t status, uint32_t qpn) {
+  layout::Cqe c{};
+  c.wr_id = wr_id;
+  c.status = status;
+  c.opcode = IBV_WC_RECV;
+  c.qp_num = qpn;
+  return c;
+}
+}  // namespace
+
 void LocalContext::flush_send_queue(Qp* qp) noexcept {
   // Caller holds qp->sq_lock.
   while (qp->sq_exec != qp->sq_tail) {
@@ -269,11 +281,7 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
       taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
       uint32_t srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
       if (take_end(e, v)) {
-        layout::Cqe c{};
-        c.wr_id = taken_wr_id;
-        c.status = IBV_WC_WR_FLUSH_ERR;
-        c.opcode = IBV_WC_RECV;
-        c.qp_num = qp->qpn;
+        const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
         push_xrc_recv_cqe(srqn, c);
       }
     }
@@ -294,21 +302,13 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
       flush = take_end(e, v) && !delivered;
     }
     if (flush) {
-      layout::Cqe c{};
-      c.wr_id = taken_wr_id;
-      c.status = IBV_WC_WR_FLUSH_ERR;
-      c.opcode = IBV_WC_RECV;
-      c.qp_num = qp->qpn;
+      const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
       (void)push_cqe(qp->recv_cq, c);
     }
   }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
-      layout::Cqe c{};
-      c.wr_id = wr_id;
-      c.status = IBV_WC_WR_FLUSH_ERR;
-      c.opcode = IBV_WC_RECV;
-      c.qp_num = qp->qpn;
+      const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
       (void)push_cqe(qp->recv_cq, c);
     });
   const bool first_flush = !qp->rq_flushed;
@@ -384,20 +384,12 @@ bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint
   qp->busy_since_ns = now;  // look again in another grace period at most
   uint32_t slot = t->rx_holder_slot.load(std::memory_order_relaxed);
   uint32_t gen = t->rx_holder_generation.load(std::memory_order_relaxed);
-  if (slot == slot_ && gen == generation_) return false;  // one of our own threads
-  ContextInfo info;
-  if (registry_.context_slot(slot, &info) && info.generation == gen &&
-      process_alive(static_cast<pid_t>(info.pid), info.start_time))
-    return false;
+  if (!context_dead(slot, gen)) return false;  // alive, or one of our own threads
   uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
   const uint32_t srqn = t->rx_take_srqn.load(std::memory_order_relaxed);
   if (!take_end(t, v)) return false;
   if ((v & layout::kTakeMask) == layout::kTakeTaken) {
-    layout::Cqe c{};
-    c.wr_id = wr_id;
-    c.status = IBV_WC_REM_ABORT_ERR;
-    c.opcode = IBV_WC_RECV;
-    c.qp_num = t->qpn;
+    const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, t->qpn);
     if (t->qp_type == IBV_QPT_XRC_RECV)
       push_xrc_recv_cqe(srqn, c);  // the XRC SRQ's CQ
     else
