@@ -327,7 +327,7 @@ class LocalContext {
   // Moves every posted WQE of a WQ in the error state to its CQ as a
   // flush-error completion.
   void flush_wq(const WqInfo& wq) noexcept;
-  bool push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept;
+  bool push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
 
   // transport.cc
   enum class Exec { kDone, kWait, kError };
@@ -374,10 +374,11 @@ class LocalContext {
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
   void flush_qp(Qp* qp) noexcept;
-  bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept;
+  bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
   // cq.cc: the producer protocol of CqEntry shared by push_cqe and push_peer_cqe.
   enum class Push { kOk, kFull, kGone };
-  Push push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, bool* fire) noexcept;
+  Push push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, bool* fire,
+                       RingCache* cache = nullptr) noexcept;
   struct ChanState { bool live = false; uint32_t generation = 0, refs = 0; int read_fd = -1, write_fd = -1; };
   std::vector<ChanState> chans_;  // sized on first create_channel (under mu_), never resized
   void close_channels() noexcept;

@@ -262,7 +262,13 @@ void LocalContext::wake_initiator(Qp* qp) noexcept {
   auto& waiting = qp->shared->initiator_waiting;
   if (!waiting.load(std::memory_order_relaxed) || !waiting.exchange(0, std::memory_order_relaxed)) return;
   const uint32_t qpn = qp->attr.dest_qp_num;
-  std::shared_ptr<Peer> peer = peers_.get(registry_, layout::qpn_slot(qpn), self_peer_);
+  std::shared_ptr<Peer> peer;
+  {
+    // The peer our own sends use, when it is that context (no registry read).
+    std::lock_guard sq(qp->sq_lock);
+    if (qp->peer && qp->peer->slot == layout::qpn_slot(qpn)) peer = qp->peer;
+  }
+  if (!peer) peer = peers_.get(registry_, layout::qpn_slot(qpn), self_peer_);
   if (!peer) return;
   layout::QpEntry* q = peer->qp(layout::qpn_index(qpn));
   if (!q || q->state.load(std::memory_order_acquire) != layout::kLive || q->qpn != qpn) return;  // A1 / R1
@@ -418,7 +424,7 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
 // ------------------------------------------------------------- producers
 
 LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
-                                                 bool* fire) noexcept {
+                                                 bool* fire, RingCache* cache) noexcept {
   *fire = false;
   layout::CqEntry* e = peer.cq(cq_index);
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return Push::kGone;  // A1 pairs with R1
@@ -435,7 +441,7 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   }
   Push r = Push::kGone;
   Ring ring;
-  if (peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring) &&
+  if (peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring, cache) &&
       ring.payload_size() >= sizeof cqe) {  // P2
     // Bounded retry: a CQ that stays full has overrun, as on hardware.
     r = Push::kFull;
@@ -468,10 +474,10 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   return r;
 }
 
-bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept {
+bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
   bool fired = false;
-  Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired);
+  Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
   // The CQ has overrun: the completion is lost and the application learns it
   // from an IBV_EVENT_CQ_ERR, once.
@@ -483,9 +489,10 @@ bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe) noexcept 
   return false;
 }
 
-bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe) noexcept {
+bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
+                                 RingCache* cache) noexcept {
   bool fired = false;
-  Push r = push_shared_cqe(peer, cq_index, cqe, &fired);
+  Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
   layout::CqEntry* e = peer.cq(cq_index);
   if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
@@ -525,7 +532,8 @@ void LocalContext::skip_dead_push(const CqInfo& cq) noexcept {
   constexpr uint64_t kStallNs = 2'000'000'000ull;
   if (cq.index >= cqs_.size()) return;
   CqState& st = cqs_[cq.index];
-  if ((++st.empty_polls & 1023) != 0) return;
+  // The provider locks one empty poll in 64 (nothing_ready); 1 in 1024 looks.
+  if ((++st.empty_polls & 15) != 0) return;
   Ring ring = cq.ring;
   const uint32_t pos = ring.consumer_position();
   const uint64_t now = mono_ns();

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 5;
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -283,9 +283,7 @@ struct QpEntry {
   uint8_t port;
   uint8_t min_rnr_timer;
   uint32_t qkey;
-  // Set by an initiator whose sends to this QP wait for a receive (RNR);
-  // the owner's post_recv wakes it.
-  std::atomic<uint32_t> initiator_waiting;
+  uint32_t reserved_w;
   // The receive an initiator is delivering into this QP (transport.cc,
   // "receive takes"): rx_take is a counter << 2 | kTake* state; the holder is
   // the initiator's context slot and generation, and rx_take_wr_id the WQE it
@@ -305,8 +303,15 @@ struct QpEntry {
   uint64_t xrcd_ino;
   std::atomic<uint32_t> rx_take_srqn;
   uint32_t reserved_xrc;
+  // Third cache line. Set by an initiator whose sends to this QP wait for a
+  // receive (RNR); the owner's post_recv reads it after every post and wakes
+  // the initiator. Apart from the receive record, which initiators write on
+  // every delivery, so that the owner's reads do not pull that line away.
+  alignas(64) std::atomic<uint32_t> initiator_waiting;
+  uint32_t reserved_line2[15];
 };
-static_assert(sizeof(QpEntry) == 128);
+static_assert(sizeof(QpEntry) == 192);
+static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiator_waiting) == 128);
 inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeCompleting = 2, kTakeTaken = 3, kTakeMask = 3;
 
 struct SrqEntry {

@@ -22,6 +22,18 @@
 
 namespace shmrdma {
 
+// The last ring a caller attached through Peer::ring, to skip validating
+// the same geometry again (a QP's target receive queue and CQ). Keyed by the
+// peer context and every untrusted value the view was built from; private to
+// its user (the QP's send lock).
+struct RingCache {
+  const char* base = nullptr;  // the peer's mapping the view points into
+  uint32_t slot = ~0u, generation = 0;
+  uint64_t offset = 0, bytes = 0;
+  uint32_t capacity = 0, stride = 0;
+  Ring ring;
+};
+
 struct Peer {
   Peer() = default;
   Peer(const Peer&) = delete;
@@ -70,6 +82,19 @@ struct Peer {
   // A ring described by untrusted values: attached only when the geometry
   // is valid and the whole ring lies inside this segment's heap.
   bool ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out) const noexcept;
+  // The same, answered from *cache when it holds this very ring (nullptr: no cache).
+  bool ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out,
+            RingCache* cache) const noexcept {
+    if (cache && cache->base == base && cache->slot == slot && cache->generation == generation &&
+        cache->offset == offset &&
+        cache->bytes == bytes && cache->capacity == capacity && cache->stride == stride) {
+      *out = cache->ring;
+      return true;
+    }
+    if (!ring(offset, bytes, capacity, stride, out)) return false;
+    if (cache) *cache = RingCache{base, slot, generation, offset, bytes, capacity, stride, *out};
+    return true;
+  }
   // Still the same process that we mapped (pid + start time)?
   bool alive() const noexcept;
 };

@@ -211,6 +211,10 @@ struct Qp {
   };
   std::array<MapCacheEntry, 4> map_cache{};
   uint32_t map_cache_next = 0;
+  uint32_t map_cache_last = 0;  // the entry that hit last
+  // Rings of peers this QP's sends feed, validated once (peer.h RingCache):
+  // the target's receive queue or SRQ, the target's receive CQ, our send CQ.
+  RingCache target_rq_cache, target_cq_cache, send_cq_cache;
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);

@@ -359,6 +359,13 @@ bool Registry::context_slot(uint32_t slot, ContextInfo* out) noexcept {
   return out->pid != 0;
 }
 
+bool Registry::slot_is(uint32_t slot, uint32_t generation) noexcept {
+  if (slot >= limits::kMaxContexts) return false;
+  const ContextSlot& s = seg()->contexts[slot];
+  if (s.state.load(std::memory_order_acquire) != layout::kLive) return false;
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(s.generation)).load(std::memory_order_relaxed) == generation;
+}
+
 int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
   int count = 0;
   for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {

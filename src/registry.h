@@ -60,6 +60,9 @@ class Registry {
   // slot is free. The copy may be torn if the slot is being reused: callers
   // verify the generation against the peer's segment header.
   bool context_slot(uint32_t slot, ContextInfo* out) noexcept;
+  // Cheap check for a data path holding a peer: slot still live with this
+  // generation (no copy, no syscall; the process may have died unreclaimed).
+  bool slot_is(uint32_t slot, uint32_t generation) noexcept;
 
   // Multicast membership of UD QPs (IBA 10.5). attach: 0 (also when
   // already attached), ENOMEM (no group or member slot left). detach: 0 or

@@ -235,7 +235,7 @@ class Ring {
   static constexpr bool valid_geometry(uint32_t capacity,
                                        uint32_t stride) noexcept {
     return capacity >= kMinCapacity && capacity <= kMaxCapacity &&
-           std::has_single_bit(capacity) && stride >= kMinStride &&
+           (capacity & (capacity - 1)) == 0 && stride >= kMinStride &&
            stride <= kMaxStride && stride % kRingCacheLine == 0;
   }
 

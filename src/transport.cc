@@ -124,13 +124,17 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   if (tier != layout::kTierMapped || out->host < map_start || len > map_len || out->host - map_start > map_len - len)
     return true;  // CMA
   // Small per-QP cache of mappings: the common case takes no lock.
-  for (auto& c : qp->map_cache)
+  const uint32_t ncache = static_cast<uint32_t>(qp->map_cache.size());
+  for (uint32_t n = 0, i = qp->map_cache_last; n < ncache; ++n, i = (i + 1) % ncache) {
+    auto& c = qp->map_cache[i];  // the entry that hit last time first
     if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.memfd == memfd &&
         c.map_id == map_id && c.map->start == map_start && c.map->len == map_len) {
+      qp->map_cache_last = i;
       out->local = c.map->base + (out->host - map_start);
       out->mapped = true;
       return true;
     }
+  }
   std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, memfd, map_id, map_start, map_len);
   if (!m) return true;  // could not map: CMA still works
   auto& slot = qp->map_cache[qp->map_cache_next++ % qp->map_cache.size()];
@@ -192,22 +196,27 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   s->imm_data = wr.imm_data;
   s->remote_addr = wr.remote_addr;
   s->rkey = wr.rkey;
-  s->compare_add = wr.compare_add;
-  s->swap = wr.swap;
   s->length = total;
   s->executed = 0;
+  // Only what the operation and the transport read (the slot is private).
+  if (is_atomic(wr.opcode)) {
+    s->compare_add = wr.compare_add;
+    s->swap = wr.swap;
+  }
   if (qp->qp_type == IBV_QPT_UD) {
     s->remote_qpn = wr.remote_qpn;
     s->remote_qkey = wr.remote_qkey;
     s->av = *wr.av;
   }
-  s->xrc_srqn = wr.xrc_srqn;
-  s->mw_index = wr.mw_index;
-  s->mw_mr = wr.mw_mr;
-  s->mw_mr_lkey = wr.mw_mr_lkey;
-  s->mw_access = wr.mw_access;
-  s->mw_addr = wr.mw_addr;
-  s->mw_length = wr.mw_length;
+  if (qp->qp_type == IBV_QPT_XRC_SEND) s->xrc_srqn = wr.xrc_srqn;
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    s->mw_index = wr.mw_index;
+    s->mw_mr = wr.mw_mr;
+    s->mw_mr_lkey = wr.mw_mr_lkey;
+    s->mw_access = wr.mw_access;
+    s->mw_addr = wr.mw_addr;
+    s->mw_length = wr.mw_length;
+  }
   if (inl) {
     s->num_sge = 0;
     s->inline_len = static_cast<uint32_t>(total);
@@ -233,7 +242,7 @@ void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept 
   c.opcode = wc_opcode(s->opcode);
   c.byte_len = (s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode)) ? static_cast<uint32_t>(s->length) : 0;
   c.qp_num = qp->qpn;
-  (void)push_cqe(qp->send_cq, c);  // a full CQ has overrun; the completion is lost, as on hardware
+  (void)push_cqe(qp->send_cq, c, &qp->send_cq_cache);  // a full CQ has overrun; the completion is lost, as on hardware
 }
 
 namespace {
@@ -433,14 +442,14 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   if (xrc) {
     se = xrc->se;
     srq_index = xrc->srq_index;
-    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq))
+    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache))
       return gone(IBV_WC_REM_OP_ERR);
   } else if (t->srq_index != layout::kNoIndex) {
     se = peer.srq(t->srq_index);
     if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
-        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq))
+        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache))
       return gone(IBV_WC_REM_OP_ERR);
-  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq)) {
+  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
     return gone(IBV_WC_REM_OP_ERR);
   }
   uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
@@ -484,7 +493,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     // Unless the owner flushed it. The record stays busy until the CQE is
     // in, so the next sender's completion cannot overtake this one.
     if (take_complete_begin(t, taken)) {
-      (void)push_peer_cqe(rpeer, rcq, c);
+      (void)push_peer_cqe(rpeer, rcq, c, &qp->target_cq_cache);
       take_done(t, taken);
     }
   };
@@ -548,7 +557,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     *status = s->opcode == IBV_WR_BIND_MW ? execute_bind(qp, s) : execute_local_inv(s);
     return *status == IBV_WC_SUCCESS ? Exec::kDone : Exec::kError;
   }
-  const uint64_t now = now_ns();
+  // The clock is read only when the WQE has to wait (a vDSO clock read
+  // costs as much as a whole small WRITE).
+  uint64_t now_cached = 0;
+  auto now = [&now_cached] { return now_cached ? now_cached : (now_cached = now_ns()); };
   const QpAttr& a = qp->attr;
   // UC is unacknowledged: what RC would wait for or fail on (an absent
   // target, a missing receive, a remote error) silently drops the message
@@ -564,10 +576,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       *status = IBV_WC_RETRY_EXC_ERR;
       return Exec::kError;
     }
-    if (!qp->wait_started_ns) qp->wait_started_ns = now;
+    if (!qp->wait_started_ns) qp->wait_started_ns = now();
     if (a.timeout != 0) {
       uint64_t period_ns = uint64_t{4096} << a.timeout;
-      if (now - qp->wait_started_ns > period_ns * (uint64_t{a.retry_cnt} + 1)) {
+      if (now() - qp->wait_started_ns > period_ns * (uint64_t{a.retry_cnt} + 1)) {
         *status = IBV_WC_RETRY_EXC_ERR;
         return Exec::kError;
       }
@@ -723,10 +735,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       if (uc) break;  // dropped
       // Receiver not ready: wait (rnr_retry 7 = forever); its next post_recv
       // wakes us (initiator_waiting).
-      if (!qp->wait_started_ns) qp->wait_started_ns = now;
+      if (!qp->wait_started_ns) qp->wait_started_ns = now();
       if (a.rnr_retry != 7) {
         uint64_t period_ns = rnr_timer_us(t->min_rnr_timer) * 1000;
-        if (now - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
+        if (now() - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
           *status = IBV_WC_RNR_RETRY_EXC_ERR;
           return Exec::kError;
         }
@@ -820,7 +832,10 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
 
   if (!multicast) {
     const uint32_t rqpn = s->remote_qpn & limits::kQpnMask;
-    if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) || !qp->peer->alive())
+    // The cached peer is still that context while its registry slot keeps
+    // the generation (a shared-memory read; Peer::alive reads /proc).
+    if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) ||
+        !registry_.slot_is(qp->peer->slot, qp->peer->generation))
       qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
     if (!qp->peer) return Exec::kDone;
     return send_to(*qp->peer, rqpn, true);
@@ -912,7 +927,10 @@ void LocalContext::progress_all() noexcept {
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
   // Every 1024th call, and at most every 200 ms, look for dead peers.
   bool liveness = false;
-  if ((polls_.fetch_add(1, std::memory_order_relaxed) & 1023) == 0) {
+  // A racy count (no read-modify-write on every poll): it only spaces out the looks.
+  const uint32_t polls = polls_.load(std::memory_order_relaxed) + 1;
+  polls_.store(polls, std::memory_order_relaxed);
+  if ((polls & 1023) == 0) {
     uint64_t now = now_ns(), last = last_liveness_ns_.load(std::memory_order_relaxed);
     liveness = now - last > 200'000'000ull &&
                last_liveness_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed);

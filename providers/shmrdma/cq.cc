@@ -18,6 +18,16 @@ static_assert(kWcSuccess == IBV_WC_SUCCESS && kWcWrFlushErr == IBV_WC_WR_FLUSH_E
 
 namespace {
 
+// A view for nothing_ready (published by the caller). 0 or ENOMEM.
+int add_view(Cq* cq, const Ring& ring) {
+  try {
+    cq->views.push_back(std::make_unique<Ring>(ring));
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
+  return 0;
+}
+
 // Completions may come from peers: clamp what we hand to the application.
 void to_wc(const layout::Cqe& c, ibv_wc* w) {
   *w = ibv_wc{};
@@ -59,11 +69,15 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     errno = ENOMEM;
     return nullptr;
   }
-  if (int rc = core->create_cq(static_cast<uint32_t>(cqe), chan, flags, &cq->info)) {
+  int rc = add_view(cq, Ring{});
+  if (rc == 0) rc = core->create_cq(static_cast<uint32_t>(cqe), chan, flags, &cq->info);
+  if (rc) {
     delete cq;
     errno = rc;
     return nullptr;
   }
+  *cq->views.back() = cq->info.ring;
+  cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
   // libibverbs fills channel, cq_context, the mutex and the condition
   // variable (and counts the CQ in channel->refcnt) after we return.
   cq->vcq.cq.context = ibctx;
@@ -74,6 +88,17 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
 }
 
 Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
+
+// An empty poll without the lock: true when no completion is ready. Every
+// 64th empty poll still goes through the locked path, whose empty polls
+// watch for a producer that died mid-push (LocalContext::skip_dead_push).
+bool nothing_ready(Cq* cq) {
+  const Ring* view = cq->peek_view.load(std::memory_order_acquire);
+  if (!view || view->peek_ready()) return false;
+  const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
+  cq->empty_polls.store(n, std::memory_order_relaxed);
+  return (n & 63) != 0;
+}
 
 // Pops the next completion into cq->cur (caller holds poll_lock).
 bool pop_one(Cq* cq) {
@@ -89,6 +114,7 @@ int start_poll(ibv_cq_ex* ibcq, ibv_poll_cq_attr* attr) noexcept {
   if (attr && attr->comp_mask) return EINVAL;
   Cq* cq = to_cq_ex(ibcq);
   to_ctx(ibcq->context)->core->progress_all();
+  if (nothing_ready(cq)) return ENOENT;
   cq->poll_lock.lock();  // held until end_poll
   if (!pop_one(cq)) {
     cq->poll_lock.unlock();  // ENOENT: the application does not call end_poll
@@ -220,6 +246,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   constexpr int kBatch = 16;
   layout::Cqe buf[kBatch];
   to_ctx(ibcq->context)->core->progress_all();  // queued sends waiting for a receiver, peers' error reports
+  if (num_entries == 0 || nothing_ready(cq)) return 0;
   std::lock_guard lk(cq->poll_lock);
   int done = 0;
   while (done < num_entries) {
@@ -236,9 +263,15 @@ int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > limits::kMaxCqe) return EINVAL;
   Cq* cq = to_cq(ibcq);
   std::lock_guard lk(cq->poll_lock);  // the ring's single consumer is us while it moves
+  if (int rc = add_view(cq, Ring{})) return rc;  // before the resize, which cannot be undone
   CqInfo info;
-  if (int rc = to_ctx(ibcq->context)->core->resize_cq(cq->info.index, static_cast<uint32_t>(cqe), &info)) return rc;
+  if (int rc = to_ctx(ibcq->context)->core->resize_cq(cq->info.index, static_cast<uint32_t>(cqe), &info)) {
+    cq->views.pop_back();
+    return rc;
+  }
   cq->info = info;
+  *cq->views.back() = info.ring;
+  cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
   ibcq->cqe = static_cast<int>(info.capacity);
   return 0;
 }

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "context.h"
 #include "pabi.h"
@@ -29,6 +31,14 @@ struct Cq {
   std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
   ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
   uint32_t events_reported = 0;  // completion events handed out (under vcq.cq.mutex); destroy waits for their acks
+  // Empty polls that skipped the lock (cq.cc nothing_ready): a racy count is
+  // fine, it only spaces out the locked polls that watch for a dead producer.
+  std::atomic<uint32_t> empty_polls{0};
+  // The ring view nothing_ready peeks at without the lock. resize_cq
+  // publishes a new view and keeps the old ones until the CQ is destroyed, so
+  // a lock-free reader never sees a view being rewritten.
+  std::atomic<const Ring*> peek_view{nullptr};
+  std::vector<std::unique_ptr<Ring>> views;  // under poll_lock
 };
 
 struct Wq {
