@@ -408,6 +408,7 @@ class LocalContext {
   std::atomic<uint64_t> ud_drops_{0};     // UD messages dropped for want of a posted receive
   uint32_t attention_seen_ = 0;
   std::atomic<uint32_t> polls_{0};
+  std::atomic<const void*> warm_rq_slot_{nullptr};  // transport.cc deliver / progress_all
   std::atomic<uint64_t> last_liveness_ns_{0};
   PeerCache peers_;
   Peer self_peer_;

@@ -186,6 +186,11 @@ struct Qp {
   uint64_t wait_started_ns = 0;
   uint32_t rnr_attempts = 0;
   uint32_t timeout_attempts = 0;
+  // RNR back-off (transport.cc deliver): after finding the target's queue
+  // empty, the send goes on once a batch of receives is posted or the
+  // back-off time passed, like an RNR NAK's timer.
+  bool rnr_backoff = false;
+  uint64_t rnr_backoff_since_ns = 0;
 
   // A busy receive record of a target QP (transport.cc take_holder_dead).
   uint32_t busy_take = 0, busy_take_qpn = 0;

@@ -448,6 +448,10 @@ class Ring {
     }
   }
 
+  // Address of the slot for position pos (masked like every access), for
+  // cache hints only: nothing may be read through it without the protocol.
+  const void* slot_address(uint32_t pos) const noexcept { return slot_addr(pos); }
+
   // Where the single consumer stands (to tell a stall from progress).
   uint32_t consumer_position() const noexcept {
     return shared_->consumer_pos.load(std::memory_order_relaxed);

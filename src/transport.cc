@@ -32,6 +32,9 @@ uint64_t now_ns() {
 }
 
 // IB spec table 45: the RNR NAK timer field encoding, in microseconds.
+// Longest RNR back-off (deliver): hardware's shortest RNR timer is 10 us.
+constexpr uint64_t kRnrBackoffNs = 10'000;
+
 uint64_t rnr_timer_us(uint32_t code) {
   static constexpr uint32_t kTable[32] = {655360, 10,    20,    30,    40,    60,    80,    120,   160,   240,   320,
                                           480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
@@ -452,6 +455,19 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
     return gone(IBV_WC_REM_OP_ERR);
   }
+  if (rnr_wait && qp->rnr_backoff) {
+    // The last attempt found no receive (an RNR NAK). Hardware retries after
+    // the responder's RNR timer; we go on as soon as a batch of receives is
+    // posted, or after at most kRnrBackoffNs. Retrying on every single
+    // receive instead keeps sender and receiver in lock step, each message
+    // paying a round trip between cores.
+    const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
+    if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) {
+      take_end(t, v);
+      return Deliver::kNoReceive;
+    }
+    qp->rnr_backoff = false;
+  }
   uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
   rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
   RingResult claimed = rq.try_claim();
@@ -459,13 +475,19 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     // Tell the receiver someone waits (its post_recv wakes us: cq.cc
     // wake_initiator), then look once more. The fence pairs with the one the
     // receiver runs after posting: either we see its WQE or it sees the flag.
-    t->initiator_waiting.store(1, std::memory_order_relaxed);
+    if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
+      t->initiator_waiting.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     claimed = rq.try_claim();
   }
   if (!claimed) {
     take_end(t, v);
-    return claimed.status == RingStatus::contended ? Deliver::kBusy : Deliver::kNoReceive;
+    if (claimed.status == RingStatus::contended) return Deliver::kBusy;
+    if (rnr_wait) {
+      qp->rnr_backoff = true;
+      qp->rnr_backoff_since_ns = now_ns();
+    }
+    return Deliver::kNoReceive;
   }
   // Copy the WQE out of shared memory, record the take, then free the slot.
   layout::RecvWqeHeader h;
@@ -477,6 +499,9 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   const uint32_t taken = take_hold(t, v, h.wr_id);
   held = taken;
   rq.release(claimed.handle);
+  // The next send to this queue reads the next slot: progress_all prefetches
+  // it while we poll, so that read does not wait for the line to cross cores.
+  warm_rq_slot_.store(rq.slot_address(claimed.handle.pos + 1), std::memory_order_relaxed);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
   // exchange disarms it, so each arming raises one event.
   if (se) {
@@ -743,7 +768,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
           return Exec::kError;
         }
       }
-      if (!peer.alive()) {
+      // A receiver whose context is gone fails the send. (A process that died
+      // without closing it is found by check_peer's periodic look: /proc on
+      // every retry of an RNR wait cost three syscalls each.)
+      if (!peer.self_process && !registry_.slot_is(peer.slot, peer.generation)) {
         *status = IBV_WC_RETRY_EXC_ERR;
         return Exec::kError;
       }
@@ -923,6 +951,9 @@ void LocalContext::check_peer(Qp* qp) noexcept {
 }
 
 void LocalContext::progress_all() noexcept {
+  // A hint: the receive WQE our next send will read (a peer's ring stays
+  // mapped while we know it, and a prefetch never faults anyway).
+  if (const void* w = warm_rq_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w);
   auto* h = header();
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
   // Every 1024th call, and at most every 200 ms, look for dead peers.
