@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "counters.h"
 #include "layout.h"
 #include "mapped.h"
 #include "peer.h"
@@ -211,6 +212,8 @@ struct Qp {
   };
   std::array<MapCacheEntry, 4> map_cache{};
   uint32_t map_cache_next = 0;
+
+  QpCounting cnt;  // per-port counters (counters.h, count.h)
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);
