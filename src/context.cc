@@ -7,6 +7,7 @@
 #include <new>
 
 #include "async.h"
+#include "device_setup.h"
 #include "mapped.h"
 #include "proc.h"
 
@@ -57,6 +58,11 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   h->srq_table = c->layout_.srq_table;
   h->heap_offset = c->layout_.heap_offset;
   h->heap_size = c->layout_.heap_size;
+  h->counters = c->layout_.counters;
+  h->qp_counters = c->layout_.qp_counters;
+  c->cnt_.attach(c->map_.at<layout::ContextCounters>(c->layout_.counters),
+                 c->map_.at<layout::QpCounterRecord>(c->layout_.qp_counters), c->layout_.qp_slots,
+                 c->registry_.device());
   // Tables start zeroed (a new file reads as zeros): every entry is kFree.
   c->heap_.reset(c->layout_.heap_offset, c->layout_.heap_size);
   rc = create_async_fifo(c->map_.path() + kAsyncSuffix, &c->async_read_fd_, &c->async_write_fd_);
@@ -72,6 +78,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   c->self_peer_.size = c->map_.size();
   c->self_peer_.layout = c->layout_;
   c->map_.publish();
+  c->counting_ = true;
   *out = std::move(c);
   return 0;
 }
@@ -84,13 +91,22 @@ LocalContext::~LocalContext() {
     if (m.live && m.region.memfd >= 0) release_region(m.region);  // MRs the application did not deregister
   if (async_read_fd_ >= 0) ::close(async_read_fd_);
   if (async_write_fd_ >= 0) ::close(async_write_fd_);
+  // What this context counted goes into the registry's per-port totals in
+  // the critical section that frees the slot (counters.h), before the
+  // segment goes: a reader summing under the registry lock sees it exactly once.
+  const bool counted = counting_ && registry_.valid();
+  if (registry_.valid()) {
+    std::vector<PortCounters> totals;
+    if (counting_) totals = cnt_.totals();
+    registry_.unregister_context(slot_, generation_, totals.data(), static_cast<uint32_t>(totals.size()));
+  }
   if (map_.base()) {
     std::string path = map_.path();
     map_.reset();
     ::unlink(path.c_str());
     ::unlink((path + kAsyncSuffix).c_str());
   }
-  if (registry_.valid()) registry_.unregister_context(slot_, generation_);
+  if (counted) (void)refresh_counters(registry_, nullptr);  // the sysfs snapshot (device_setup.cc)
 }
 
 int LocalContext::charge(layout::ObjKind k, uint32_t limit) noexcept {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "counters.h"
 #include "heap.h"
 #include "layout.h"
 #include "mover.h"
@@ -405,7 +406,8 @@ class LocalContext {
   bool context_dead(uint32_t slot, uint32_t generation) noexcept;
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
-  std::atomic<uint64_t> ud_drops_{0};     // UD messages dropped for want of a posted receive
+  CounterSink cnt_;                       // per-port counters (counters.h); UD drops are counted there
+  bool counting_ = false;                 // open() completed: close folds the counts and refreshes sysfs
   uint32_t attention_seen_ = 0;
   std::atomic<uint32_t> polls_{0};
   std::atomic<const void*> warm_rq_slot_{nullptr};  // transport.cc deliver / progress_all

@@ -165,6 +165,20 @@ int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string
   return w.rc;
 }
 
+int write_counter_files(const DevicePaths& p, uint32_t nports, const std::vector<PortCounters>& c) {
+  Writer w;
+  for (uint32_t i = 0; i < nports && i < c.size(); ++i) {
+    const std::string pd = p.ibdev_dir + "/ports/" + std::to_string(i + 1);
+    // Never recreate the tree of a device that was brought down meanwhile.
+    if (::access(pd.c_str(), F_OK) != 0) return ENOENT;
+    w.dir(pd + "/counters");
+    for (const NamedCounter& n : ib_counters(c[i])) w.file(pd + "/counters/" + n.name, std::to_string(n.value));
+    w.dir(pd + "/hw_counters");
+    for (const NamedCounter& n : hw_counters(c[i])) w.file(pd + "/hw_counters/" + n.name, std::to_string(n.value));
+  }
+  return w.rc;
+}
+
 bool cdev_ok(const std::string& path) {
   struct stat st{};
   return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == kCdevMajor &&
@@ -201,6 +215,14 @@ int attach_settled(const DevicePaths& p, Registry* reg) {
 }
 
 }  // namespace
+
+int refresh_counters(Registry& reg, std::vector<PortCounters>* out) {
+  std::vector<PortCounters> c;
+  if (int rc = reg.read_counters(&c)) return rc;
+  int rc = write_counter_files(reg.paths(), reg.device().num_ports, c);
+  if (out) *out = std::move(c);
+  return rc;
+}
 
 std::string guid_string(uint64_t guid) {
   char buf[32];
@@ -288,6 +310,7 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     return rc;
   }
   if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  (void)refresh_counters(reg, nullptr);
   ensure_cdev(p, out);
   return 0;
 }
@@ -311,6 +334,7 @@ int port_set_state(const std::string& home, const std::string& name, uint32_t po
     return rc;
   }
   if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  (void)refresh_counters(reg, nullptr);  // link_downed
   // The event, port number as its element (as the kernel's descriptors), to
   // every open context (ibv_get_async_event in each of them).
   for (const ContextInfo& c : reg.live_contexts()) {

@@ -33,6 +33,13 @@ int device_down(const std::string& home, const std::string& name, bool force, st
 int port_set_state(const std::string& home, const std::string& name, uint32_t port, bool active, int* notified,
                    std::string* why);
 
+// The counter files of the sysfs tree (ports/N/counters, ports/N/hw_counters)
+// are a snapshot: this reads the device's counters (Registry::read_counters)
+// and rewrites them (each file atomically). `shmrdma status`, `shmrdma
+// counters`, `shmrdma port`, `shmrdma up` and every context close call it.
+// *out (optional) receives the counters. 0 or errno.
+int refresh_counters(Registry& reg, std::vector<PortCounters>* out);
+
 // Names of the devices under `home` (those with a registry file).
 std::vector<std::string> list_devices(const std::string& home);
 

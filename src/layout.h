@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 6;
+inline constexpr uint32_t kLayoutVersion = 7;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -53,6 +53,66 @@ struct SegmentHeader {
 static_assert(sizeof(SegmentHeader) == 40);
 static_assert(offsetof(SegmentHeader, ready) == 24);
 static_assert(std::is_standard_layout_v<SegmentHeader>);
+
+// ---------------------------------------------------------------- counters
+//
+// Per-port counters (src/counters.h). Every count is a u64 at index Counter
+// of an array; the same array shape is used by the per-QP records, the
+// per-context per-port blocks and the registry's per-port totals, so folding
+// one into another is a loop.
+enum Counter : uint32_t {
+  kCntXmitPkts = 0,    // packets the port sent (requests, and responses of READ/atomics)
+  kCntXmitBytes,       // payload bytes of those
+  kCntRcvPkts,         // packets the port received
+  kCntRcvBytes,        // payload bytes of those
+  kCntMcastXmitPkts,   // of kCntXmitPkts: multicast (UD to a multicast LID)
+  kCntMcastRcvPkts,    // of kCntRcvPkts: multicast
+  kCntRnrNakRcvd,      // RNR NAKs the requester got (rxe rcvd_rnr_err)
+  kCntRnrNakSent,      // RNR NAKs the responder sent (rxe send_rnr_err)
+  kCntRetryExc,        // sends completed with IBV_WC_RETRY_EXC_ERR
+  kCntRnrRetryExc,     // sends completed with IBV_WC_RNR_RETRY_EXC_ERR
+  kCntSendErr,         // send completions with an error status (flushes excluded)
+  kCntUdDropNoRecv,    // UD messages that arrived with no receive posted
+  kCntUdDropInvalid,   // UD messages that reached no QP: no such QP, QP not receiving, wrong Q_Key
+  kCntRdmaSends,       // SEND operations completed (rxe rdma_sends)
+  kCntRdmaRecvs,       // receive WQEs completed successfully (rxe rdma_recvs)
+  kCntLinkDowned,      // `shmrdma port down` of an active port (registry totals only)
+  kCounters
+};
+static_assert(kCounters == 16);
+
+// The counts of one QP, written only by the QP's owner while it holds the
+// QP's send lock (relaxed load + relaxed store: no read-modify-write on the
+// data path). Group kGroupLocal counts for the QP's own port (what it sends,
+// and the responses it receives), group kGroupRemote for the port the
+// destination lives on (what it receives, and the responses it sends): the
+// initiator executes, so it counts both ends. port[g] is the 1-based port
+// group g counts for (0: none yet); when it changes, the group is first
+// folded into the context's per-port block (ContextCounters). A separate
+// table from QpEntry, one record per cache-line multiple, so a peer reading
+// a QpEntry never shares a line with a record being written.
+inline constexpr uint32_t kGroupLocal = 0, kGroupRemote = 1, kGroups = 2;
+struct alignas(kCacheLine) QpCounterRecord {
+  std::atomic<uint32_t> port[kGroups];
+  std::atomic<uint64_t> v[kGroups][kCounters];
+};
+static_assert(sizeof(QpCounterRecord) == 320);
+static_assert(offsetof(QpCounterRecord, v) == 8);
+static_assert(std::is_standard_layout_v<QpCounterRecord>);
+
+// The per-port counts a context folded out of its QP records (destroyed QPs,
+// groups that changed ports), indexed port - 1. Written by the owner under
+// its private fold lock as a seqlock: `seq` odd while a fold moves counts
+// from a record into `ports` (readers retry), even otherwise. qp_hwm: the
+// records [0, qp_hwm) may be non-zero (readers never look further).
+struct ContextCounters {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> qp_hwm;
+  uint32_t reserved[14];
+  std::atomic<uint64_t> ports[limits::kMaxPorts][kCounters];
+};
+static_assert(offsetof(ContextCounters, ports) == kCacheLine);
+static_assert(sizeof(ContextCounters) == kCacheLine + 8 * kCounters * limits::kMaxPorts);
 
 // ---------------------------------------------------------------- registry
 
@@ -137,11 +197,16 @@ struct RegistrySegment {
   // (IBV_ATOMIC_HCA). Robust and process-shared like `lock`.
   alignas(kCacheLine) pthread_mutex_t atomic_locks[kAtomicStripes];
   alignas(kCacheLine) McastGroup mcast[limits::kMaxMcastGroups];
+  // Per-port counts of contexts that are gone (closed normally, or reclaimed
+  // after their process died), and link_downed; indexed port - 1. Changed
+  // and read under `lock`.
+  alignas(kCacheLine) uint64_t port_counters[limits::kMaxPorts][kCounters];
 };
 static_assert(std::is_standard_layout_v<RegistrySegment>);
 static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
 static_assert(offsetof(RegistrySegment, next_qpn) % kCacheLine == 0);
 static_assert(std::is_trivially_copyable_v<pthread_mutex_t>);
+static_assert(offsetof(RegistrySegment, port_counters) % kCacheLine == 0);
 
 inline constexpr uint64_t registry_size() {
   return (sizeof(RegistrySegment) + kPageSize - 1) / kPageSize * kPageSize;
@@ -369,6 +434,7 @@ struct ContextHeader {
   uint32_t mr_slots, qp_slots, srq_slots, reserved;
   uint64_t mr_table, qp_table, srq_table;
   uint64_t heap_offset, heap_size;
+  uint64_t counters, qp_counters;  // ContextCounters, QpCounterRecord table (qp_slots entries)
   // Bumped (release) by a peer that moved one of our QPs to the error state;
   // the owner's next poll notices (acquire) and flushes that QP's queues.
   std::atomic<uint32_t> attention;
@@ -383,6 +449,7 @@ struct ContextLayout {
   uint32_t pd_slots, cq_slots, wq_slots, ind_slots;
   uint64_t mr_table, qp_table, srq_table;
   uint32_t mr_slots, qp_slots, srq_slots;
+  uint64_t counters, qp_counters;
   uint64_t heap_offset, heap_size, total_size;
 };
 
@@ -411,7 +478,11 @@ inline constexpr ContextLayout compute_context_layout(uint64_t heap_size) {
   l.qp_table = off;
   off = align_up(off + sizeof(QpEntry) * l.qp_slots, kCacheLine);
   l.srq_table = off;
-  off = align_up(off + sizeof(SrqEntry) * l.srq_slots, kPageSize);
+  off = align_up(off + sizeof(SrqEntry) * l.srq_slots, kCacheLine);
+  l.counters = off;
+  off = align_up(off + sizeof(ContextCounters), kCacheLine);
+  l.qp_counters = off;
+  off = align_up(off + sizeof(QpCounterRecord) * l.qp_slots, kPageSize);
   l.heap_offset = off;
   l.heap_size = align_up(heap_size, kPageSize);
   l.total_size = l.heap_offset + l.heap_size;

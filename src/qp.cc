@@ -5,6 +5,7 @@
 #include <new>
 
 #include "context.h"
+#include "count.h"
 
 namespace shmrdma {
 
@@ -114,6 +115,8 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   qp->sq_sig_all = a.sq_sig_all;
   qp->caps = xrc_recv ? QpCaps{} : got;
   qp->shared = e;
+  qp->cnt.rec = cnt_.claim(i);
+  count::configure(cnt_, qp.get());
   qp->rq = rq;
   qp->rq_off = rq_off;
   qp->rq_bytes = rq_bytes;
@@ -158,6 +161,8 @@ int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
     // must not use a QP it destroys); take the lock to be sure.
     std::lock_guard sq(qp->sq_lock);
   }
+  cnt_.fold_record(qp->cnt.rec);  // its counts stay with the context (counters.h)
+  qp->cnt.rec = nullptr;
   if (qp->sq_pending.load(std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
   qp->shared->qp_state.store(IBV_QPS_RESET, std::memory_order_release);
   qp->shared->state.store(layout::kFree, std::memory_order_release);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "counters.h"
 #include "layout.h"
 #include "mapped.h"
 #include "peer.h"
@@ -220,6 +221,8 @@ struct Qp {
   // Rings of peers this QP's sends feed, validated once (peer.h RingCache):
   // the target's receive queue or SRQ, the target's receive CQ, our send CQ.
   RingCache target_rq_cache, target_cq_cache, send_cq_cache;
+
+  QpCounting cnt;  // per-port counters (counters.h, count.h)
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);

@@ -4,6 +4,7 @@
 #include <cerrno>
 
 #include "context.h"
+#include "count.h"
 
 namespace shmrdma {
 
@@ -266,6 +267,10 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     qp->peer.reset();
     qp->rq_flushed = false;
     qp->attr = QpAttr{};
+  }
+  {
+    std::lock_guard sq(qp->sq_lock);
+    count::configure(cnt_, qp);  // counters: port, DLID's port, MTU
   }
   // Publish the new state last (release): a peer that sees it sees the
   // connection fields written above.

@@ -161,12 +161,14 @@ int Registry::register_context(uint32_t* slot, uint32_t* generation, std::string
   return ENOMEM;
 }
 
-void Registry::unregister_context(uint32_t slot, uint32_t generation) noexcept {
+void Registry::unregister_context(uint32_t slot, uint32_t generation, const PortCounters* counts,
+                                  uint32_t n) noexcept {
   if (slot >= limits::kMaxContexts) return;
   Guard g(*this);
-  if (g.rc()) return;  // a later reclaim frees it once we are gone
+  if (g.rc()) return;  // a later reclaim frees it once we are gone (and folds its counts)
   ContextSlot& s = seg()->contexts[slot];
   if (s.generation != generation || s.pid != static_cast<uint32_t>(self_process().pid)) return;
+  if (counts) add_totals(counts, n);
   std::memset(s.held, 0, sizeof s.held);
   s.state.store(layout::kFree, std::memory_order_release);
 }
@@ -214,6 +216,9 @@ int Registry::set_port_state(uint32_t port, uint8_t state) noexcept {
   if (port < 1 || port > device_.num_ports || (state != layout::kPortDown && state != layout::kPortActive)) return EINVAL;
   Guard g(*this);
   if (g.rc()) return g.rc();
+  // link_downed (IB LinkDownedCounter): an active port taken down.
+  if (state == layout::kPortDown && port_state(port) != layout::kPortDown)
+    seg()->port_counters[port - 1][layout::kCntLinkDowned] += 1;
   std::atomic_ref<uint8_t>(seg()->device.ports[port - 1].state).store(state, std::memory_order_relaxed);
   device_.ports[port - 1].state = state;
   return 0;
@@ -375,6 +380,11 @@ int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
     ContextInfo info;
     copy_slot(s, i, &info);
     if (is_context_file(info.segment.c_str())) {
+      // Its counts survive it: folded into the device totals before the
+      // segment goes (an unreadable segment has none to give).
+      PortCounters counts[limits::kMaxPorts];
+      const uint32_t n = std::min<uint32_t>(device_.num_ports, limits::kMaxPorts);
+      if (sum_context_file(paths_.device_dir + "/" + info.segment, s.pid, n, counts) == 0) add_totals(counts, n);
       ::unlink((paths_.device_dir + "/" + info.segment).c_str());
       ::unlink((paths_.device_dir + "/" + info.segment + kAsyncSuffix).c_str());
     }
@@ -400,6 +410,40 @@ int Registry::reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept {
     ::closedir(d);
   }
   return count;
+}
+
+void Registry::add_totals(const PortCounters* counts, uint32_t n) noexcept {
+  n = std::min<uint32_t>({n, device_.num_ports, limits::kMaxPorts});
+  for (uint32_t p = 0; p < n; ++p)
+    for (uint32_t i = 0; i < layout::kCounters; ++i)
+      if (i != layout::kCntLinkDowned) seg()->port_counters[p][i] += counts[p].v[i];  // link_downed: ours alone
+}
+
+int Registry::read_counters(std::vector<PortCounters>* out, uint32_t* unreadable) noexcept {
+  if (unreadable) *unreadable = 0;
+  const uint32_t n = std::min<uint32_t>(device_.num_ports, limits::kMaxPorts);
+  try {
+    out->assign(n, PortCounters{});
+  } catch (...) {
+    return ENOMEM;
+  }
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  reclaim_locked(nullptr);
+  for (uint32_t p = 0; p < n; ++p)
+    for (uint32_t i = 0; i < layout::kCounters; ++i) (*out)[p].v[i] = seg()->port_counters[p][i];
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    const ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_acquire) != layout::kLive) continue;
+    ContextInfo info;
+    copy_slot(s, i, &info);
+    // ENOENT / EAGAIN: a context still being opened (nothing counted yet).
+    const int rc = is_context_file(info.segment.c_str())
+                       ? sum_context_file(paths_.device_dir + "/" + info.segment, info.pid, n, out->data())
+                       : EPROTO;
+    if (rc && rc != ENOENT && rc != EAGAIN && unreadable) *unreadable += 1;
+  }
+  return 0;
 }
 
 int Registry::reclaim_dead(std::vector<ContextInfo>* reclaimed) noexcept {

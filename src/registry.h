@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "counters.h"
 #include "layout.h"
 #include "paths.h"
 #include "segment.h"
@@ -45,8 +46,18 @@ class Registry {
   // Allocates a context slot for this process. The segment file name is
   // chosen here (ctx-<slot>-<generation>) and returned in *segment.
   int register_context(uint32_t* slot, uint32_t* generation, std::string* segment) noexcept;
-  // Frees the slot (after the caller removed its segment file).
-  void unregister_context(uint32_t slot, uint32_t generation) noexcept;
+  // Frees the slot. `counts` (n ports, index port - 1): what the context
+  // counted, added to the device's per-port totals in the same critical
+  // section (counters.h).
+  void unregister_context(uint32_t slot, uint32_t generation, const PortCounters* counts = nullptr,
+                          uint32_t n = 0) noexcept;
+
+  // The device's per-port counters (index port - 1, num_ports entries): the
+  // totals of contexts that are gone + every live context's block and QP
+  // records, summed under the registry lock (after reclaiming dead
+  // contexts, which folds theirs). 0 or an errno; *unreadable counts live
+  // contexts whose segment could not be read (their counts are missing).
+  int read_counters(std::vector<PortCounters>* out, uint32_t* unreadable = nullptr) noexcept;
 
   // Device-wide accounting: ENOMEM when `limit` objects of `kind` exist.
   int charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, uint32_t limit) noexcept;
@@ -96,6 +107,7 @@ class Registry {
   layout::RegistrySegment* seg() const noexcept { return static_cast<layout::RegistrySegment*>(map_.base()); }
   int reclaim_locked(std::vector<ContextInfo>* reclaimed) noexcept;
   bool member_live(const layout::McastMember& m) const noexcept;
+  void add_totals(const PortCounters* counts, uint32_t n) noexcept;  // caller holds the lock
   layout::McastGroup* find_group(const uint8_t gid[16], uint16_t mlid) noexcept;
 
   Mapping map_;

@@ -18,6 +18,7 @@
 
 #include "async.h"
 #include "context.h"
+#include "count.h"
 #include "mover.h"
 #include "proc.h"
 
@@ -245,6 +246,7 @@ void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept 
   c.opcode = wc_opcode(s->opcode);
   c.byte_len = (s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode)) ? static_cast<uint32_t>(s->length) : 0;
   c.qp_num = qp->qpn;
+  count::send_completed(cnt_, qp, status);  // counters: send_err, retry counts
   (void)push_cqe(qp->send_cq, c, &qp->send_cq_cache);  // a full CQ has overrun; the completion is lost, as on hardware
 }
 
@@ -571,6 +573,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   if ((cqe.wc_flags & IBV_WC_WITH_INV) && !invalidate_remote_mw(rpeer, rpd, cqe.imm_data, false))
     return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
   cqe.status = IBV_WC_SUCCESS;
+  count::recv_done(cnt_, qp, t);  // counters: rdma_recvs
   complete(cqe);
   return Deliver::kDone;
 }
@@ -761,6 +764,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       // Receiver not ready: wait (rnr_retry 7 = forever); its next post_recv
       // wakes us (initiator_waiting).
       if (!qp->wait_started_ns) qp->wait_started_ns = now();
+      count::rnr_nak(cnt_, qp, now(), rnr_timer_us(t->min_rnr_timer) * 1000, a.rnr_retry);  // counters: RNR NAKs
       if (a.rnr_retry != 7) {
         uint64_t period_ns = rnr_timer_us(t->min_rnr_timer) * 1000;
         if (now() - qp->wait_started_ns > period_ns * (uint64_t{a.rnr_retry} + 1)) {
@@ -836,24 +840,28 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   auto send_to = [&](Peer& peer, uint32_t qpn, bool check_address) -> Exec {
     layout::QpEntry* t = peer.qp(layout::qpn_index(qpn));
     if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != qpn || t->qp_type != IBV_QPT_UD)
-      return Exec::kDone;
+      return count::ud_invalid(cnt_, qp, s, check_address), Exec::kDone;  // counters: UD drops
     uint32_t ts = t->qp_state.load(std::memory_order_acquire);
-    if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) return Exec::kDone;
+    if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE)
+      return count::ud_invalid(cnt_, qp, s, check_address), Exec::kDone;
     if (check_address) {
       const uint32_t tport = t->port;
-      if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid) return Exec::kDone;
+      if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid)
+        return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
       if (av.is_global) {
         uint8_t gid[16];
         port_gid(dev.ports[tport - 1], gid);
-        if (std::memcmp(gid, av.dgid, 16) != 0) return Exec::kDone;
+        if (std::memcmp(gid, av.dgid, 16) != 0) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
       }
     }
-    if (t->qkey != qkey) return Exec::kDone;
+    if (t->qkey != qkey) return count::ud_invalid(cnt_, qp, s, check_address), Exec::kDone;
     layout::Cqe c = cqe;
     c.qp_num = t->qpn;
-    switch (deliver(qp, peer, t, s, local, nlocal, grh, false, c, status)) {
+    const Deliver d = deliver(qp, peer, t, s, local, nlocal, grh, false, c, status);
+    if (d != Deliver::kBusy) count::ud_arrived(cnt_, qp, s, t, d == Deliver::kNoReceive);  // counters
+    switch (d) {
       case Deliver::kBusy: return Exec::kWait;
-      case Deliver::kNoReceive: ud_drops_.fetch_add(1, std::memory_order_relaxed); return Exec::kDone;
+      case Deliver::kNoReceive: return Exec::kDone;  // dropped (counted above)
       default: return Exec::kDone;  // delivered, or the receiver's WQE failed: unacknowledged for us
     }
   };
@@ -865,7 +873,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) ||
         !registry_.slot_is(qp->peer->slot, qp->peer->generation))
       qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
-    if (!qp->peer) return Exec::kDone;
+    if (!qp->peer) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: no such context
     return send_to(*qp->peer, rqpn, true);
   }
   if (!av.is_global) return Exec::kDone;  // a multicast packet carries a GRH naming its group
@@ -910,6 +918,7 @@ void LocalContext::progress(Qp* qp) noexcept {
         enter_send_error(qp);
       return;
     }
+    count::sent(cnt_, qp, s);  // counters: packets and bytes
     s->executed = 1;
     qp->sq_exec += 1;
     if (s->send_flags & IBV_SEND_SIGNALED) {

@@ -197,6 +197,86 @@ int cmd_run(const std::string& home, std::vector<std::string> argv) {
   return 127;
 }
 
+// The device's per-port counters (read now; the sysfs snapshot is rewritten
+// on the way): {"counters": {...}, "hw_counters": {...}} per port.
+nlohmann::json port_counters_json(shmrdma::Registry& reg, std::string* error) {
+  std::vector<shmrdma::PortCounters> c;
+  nlohmann::json out = nlohmann::json::array();
+  if (int rc = shmrdma::refresh_counters(reg, &c); rc && c.empty()) {
+    *error = std::strerror(rc);
+    return out;
+  }
+  for (const auto& pc : c) {
+    nlohmann::json ib = nlohmann::json::object(), hw = nlohmann::json::object();
+    for (const auto& n : shmrdma::ib_counters(pc)) ib[n.name] = n.value;
+    for (const auto& n : shmrdma::hw_counters(pc)) hw[n.name] = n.value;
+    out.push_back({{"counters", ib}, {"hw_counters", hw}});
+  }
+  return out;
+}
+
+void print_port_counters(const nlohmann::json& pj) {
+  if (!pj.contains("counters")) return;
+  const auto& c = pj["counters"];
+  const auto& h = pj["hw_counters"];
+  fmt::print("    xmit {} pkts {} bytes, rcv {} pkts {} bytes; rnr_nak rcvd {} sent {}; retry_exc {} rnr_retry_exc {} "
+             "send_err {}; ud dropped {} invalid {}; link_downed {}\n",
+             c["port_xmit_packets"].get<uint64_t>(), h["sent_bytes"].get<uint64_t>(),
+             c["port_rcv_packets"].get<uint64_t>(), h["rcvd_bytes"].get<uint64_t>(), h["rcvd_rnr_err"].get<uint64_t>(),
+             h["send_rnr_err"].get<uint64_t>(), h["retry_exceeded_err"].get<uint64_t>(),
+             h["retry_rnr_exceeded_err"].get<uint64_t>(), h["send_err"].get<uint64_t>(),
+             h["rcvd_ud_dropped"].get<uint64_t>(), h["rcvd_ud_invalid"].get<uint64_t>(),
+             c["link_downed"].get<uint64_t>());
+}
+
+int cmd_counters(const std::string& home, const std::string& only, bool json) {
+  nlohmann::json out = nlohmann::json::array();
+  int status = 0;
+  for (const std::string& name : shmrdma::list_devices(home)) {
+    if (!only.empty() && name != only) continue;
+    shmrdma::Registry reg;
+    nlohmann::json dj{{"name", name}};
+    if (int rc = shmrdma::Registry::attach(shmrdma::device_paths(home, name), &reg); rc) {
+      dj["error"] = std::strerror(rc);
+      status = 1;
+    } else {
+      std::string err;
+      nlohmann::json pc = port_counters_json(reg, &err);
+      if (!err.empty()) {
+        dj["error"] = err;
+        status = 1;
+      }
+      dj["ports"] = nlohmann::json::array();
+      for (size_t i = 0; i < pc.size(); ++i) {
+        nlohmann::json pj = pc[i];
+        pj["port"] = i + 1;
+        dj["ports"].push_back(pj);
+      }
+    }
+    out.push_back(dj);
+  }
+  if (!only.empty() && out.empty()) {
+    fmt::print(stderr, "shmrdma counters: no device {} under {}\n", only, home);
+    return 1;
+  }
+  if (json) {
+    fmt::print("{}\n", nlohmann::json{{"home", home}, {"devices", out}}.dump(2));
+    return status;
+  }
+  for (const auto& dj : out) {
+    if (dj.contains("error")) {
+      fmt::print("{}: cannot read counters ({})\n", dj["name"].get<std::string>(), dj["error"].get<std::string>());
+      continue;
+    }
+    for (const auto& pj : dj["ports"]) {
+      fmt::print("{} port {}:\n", dj["name"].get<std::string>(), pj["port"].get<int>());
+      for (const char* kind : {"counters", "hw_counters"})
+        for (const auto& [k, v] : pj[kind].items()) fmt::print("  {}/{} {}\n", kind, k, v.get<uint64_t>());
+    }
+  }
+  return status;
+}
+
 int cmd_status(const std::string& home, bool json) {
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& name : shmrdma::list_devices(home)) {
@@ -213,9 +293,19 @@ int cmd_status(const std::string& home, bool json) {
     dj["node_guid"] = shmrdma::guid_string(d.node_guid);
     dj["device_node"] = p.cdev;
     dj["ports"] = nlohmann::json::array();
-    for (uint32_t i = 0; i < d.num_ports; ++i)
-      dj["ports"].push_back({{"port", i + 1}, {"lid", d.ports[i].lid}, {"state", "ACTIVE"},
-                             {"gid0", "fe80::" + shmrdma::guid_string(d.ports[i].port_guid)}});
+    std::string cerr;
+    nlohmann::json pc = port_counters_json(reg, &cerr);  // also refreshes the sysfs counter files
+    if (!cerr.empty()) dj["counters_error"] = cerr;
+    for (uint32_t i = 0; i < d.num_ports; ++i) {
+      nlohmann::json pj = {{"port", i + 1}, {"lid", d.ports[i].lid},
+                           {"state", reg.port_state(i + 1) == shmrdma::layout::kPortDown ? "DOWN" : "ACTIVE"},
+                           {"gid0", "fe80::" + shmrdma::guid_string(d.ports[i].port_guid)}};
+      if (i < pc.size()) {
+        pj["counters"] = pc[i]["counters"];
+        pj["hw_counters"] = pc[i]["hw_counters"];
+      }
+      dj["ports"].push_back(pj);
+    }
     dj["processes"] = nlohmann::json::array();
     for (const auto& c : reg.live_contexts()) {
       nlohmann::json cj;
@@ -252,9 +342,13 @@ int cmd_status(const std::string& home, bool json) {
     }
     fmt::print("{}: node GUID {}, device node {}\n", dj["name"].get<std::string>(),
                dj["node_guid"].get<std::string>(), dj["device_node"].get<std::string>());
-    for (const auto& pj : dj["ports"])
+    for (const auto& pj : dj["ports"]) {
       fmt::print("  port {}: {} LID {} GID[0] {}\n", pj["port"].get<int>(), pj["state"].get<std::string>(),
                  pj["lid"].get<int>(), pj["gid0"].get<std::string>());
+      print_port_counters(pj);
+    }
+    if (dj.contains("counters_error"))
+      fmt::print("  counters unreadable ({})\n", dj["counters_error"].get<std::string>());
     if (dj["processes"].empty()) fmt::print("  no open contexts\n");
     for (const auto& cj : dj["processes"]) {
       fmt::print("  pid {} ({})", cj["pid"].get<uint32_t>(), cj["command"].get<std::string>());
@@ -312,8 +406,12 @@ int main(int argc, char** argv) {
   port->add_option("--name", name, "device name")->capture_default_str();
   port->add_option("--port", port_num, "port number")->capture_default_str();
   port->add_option("state", port_state, "down or up")->required()->check(CLI::IsMember({"down", "up"}));
-  auto* status = app.add_subcommand("status", "list devices, their processes and objects");
+  auto* status = app.add_subcommand("status", "list devices, their ports with counters, processes and objects");
   status->add_flag("--json", json, "machine-readable output");
+  auto* counters = app.add_subcommand("counters", "per-port counters (also rewrites the sysfs counter files)");
+  std::string only;
+  counters->add_option("--name", only, "only this device");
+  counters->add_flag("--json", json, "machine-readable output");
 
   // `run` takes the rest of the command line verbatim (options included), so
   // it is split off before CLI11 sees it.
@@ -344,5 +442,6 @@ int main(int argc, char** argv) {
   if (*run) return cmd_run(home, program);
   if (*status) return cmd_status(home, json);
   if (*port) return cmd_port(home, name, port_num, port_state == "up");
+  if (*counters) return cmd_counters(home, only, json);
   return 2;
 }

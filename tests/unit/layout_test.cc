@@ -37,6 +37,8 @@ std::vector<Range> ranges_of(const ContextLayout& l) {
       {"mr_table", l.mr_table, l.mr_table + sizeof(MrEntry) * l.mr_slots},
       {"qp_table", l.qp_table, l.qp_table + sizeof(QpEntry) * l.qp_slots},
       {"srq_table", l.srq_table, l.srq_table + sizeof(SrqEntry) * l.srq_slots},
+      {"counters", l.counters, l.counters + sizeof(ContextCounters)},
+      {"qp_counters", l.qp_counters, l.qp_counters + sizeof(QpCounterRecord) * l.qp_slots},
       {"heap", l.heap_offset, l.heap_offset + l.heap_size},
   };
 }
@@ -47,7 +49,8 @@ bool same(const ContextLayout& a, const ContextLayout& b) {
          a.wq_slots == b.wq_slots && a.ind_slots == b.ind_slots && a.mr_table == b.mr_table &&
          a.qp_table == b.qp_table && a.srq_table == b.srq_table && a.mr_slots == b.mr_slots &&
          a.qp_slots == b.qp_slots && a.srq_slots == b.srq_slots && a.heap_offset == b.heap_offset &&
-         a.heap_size == b.heap_size && a.total_size == b.total_size;
+         a.heap_size == b.heap_size && a.total_size == b.total_size && a.counters == b.counters &&
+         a.qp_counters == b.qp_counters;
 }
 
 TEST(ContextLayout, IsDeterministic) {
@@ -111,6 +114,10 @@ TEST(ContextLayout, OffsetsAreAligned) {
     EXPECT_EQ(l.mr_table % kCacheLine, 0u) << h;
     EXPECT_EQ(l.qp_table % kCacheLine, 0u) << h;
     EXPECT_EQ(l.srq_table % kCacheLine, 0u) << h;
+    // Counter records are written by their owner alone: each on lines of its own.
+    EXPECT_EQ(l.counters % kCacheLine, 0u) << h;
+    EXPECT_EQ(l.qp_counters % kCacheLine, 0u) << h;
+    EXPECT_EQ(sizeof(QpCounterRecord) % kCacheLine, 0u);
     // The heap holds rings whose pages are punched out on release.
     EXPECT_EQ(l.heap_offset % kPageSize, 0u) << h;
     EXPECT_EQ(l.heap_size % kPageSize, 0u) << h;

@@ -1,0 +1,128 @@
+// The data-path hooks of the per-port counters (design: counters.h). Each is
+// one call from transport.cc, made under the initiator QP's send lock; each
+// update is a relaxed load + relaxed store on the QP's own record.
+//
+// What is counted (payload bytes, not headers; a message of L bytes is
+// max(1, ceil(L / path MTU)) packets, UD's MTU is 4096):
+//  - a request the initiator executed to the end: sent on its port, received
+//    on the destination's port (RC/UC/XRC: the port the path's DLID names;
+//    UD: the destination QP's port). READ: a 1-packet request, the data
+//    comes back as responses (sent by the destination's port, received on
+//    ours). Atomics: 1 packet of 8 bytes each way. Requests that complete in
+//    error are counted in send_err (and the retry counters), not as packets;
+//  - UD messages that reach a QP count as received there whether or not a
+//    receive was posted (kCntUdDropNoRecv counts the latter); messages that
+//    reach no QP (no such QP, not receiving, Q_Key mismatch) count
+//    kCntUdDropInvalid on the port the destination LID names (the sender's
+//    when none does);
+//  - RNR NAKs: one when a send first finds no receive, one more per RNR
+//    timer period it keeps waiting (at most rnr_retry + 1 unless infinite);
+//  - acknowledgements are not modelled (no packets counted for them).
+#pragma once
+
+#include "counters.h"
+#include "qp.h"
+
+namespace shmrdma::count {
+
+inline void bump(std::atomic<uint64_t>& a, uint64_t n) noexcept {
+  a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // single writer: no RMW
+}
+
+inline bool multicast_lid(uint16_t lid) noexcept { return lid >= 0xc000 && lid <= 0xfffe; }
+
+// progress: WQE s of qp executed successfully (Exec::kDone).
+inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
+  const uint32_t op = s->opcode;
+  if (op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV || !qp->cnt.rec) return;  // local: no packets
+  const QpCounting& q = qp->cnt;
+  const uint64_t len = s->length;
+  const uint64_t pkts = len ? ((len - 1) >> q.mtu_shift) + 1 : 1;
+  const bool read = op == IBV_WR_RDMA_READ;
+  const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+  const uint64_t req_pkts = (read || atomic) ? 1 : pkts, req_bytes = read ? 0 : atomic ? 8 : len;
+  std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port);
+  if (!l) return;
+  bump(l[layout::kCntXmitPkts], req_pkts);
+  bump(l[layout::kCntXmitBytes], req_bytes);
+  if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV) bump(l[layout::kCntRdmaSends], 1);
+  if (qp->qp_type == IBV_QPT_UD) {
+    if (multicast_lid(s->av.dlid)) bump(l[layout::kCntMcastXmitPkts], 1);
+    return;  // its destinations count in ud_arrived
+  }
+  std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport);
+  if (!r) return;
+  bump(r[layout::kCntRcvPkts], req_pkts);
+  bump(r[layout::kCntRcvBytes], req_bytes);
+  if (read || atomic) {
+    const uint64_t resp_pkts = read ? pkts : 1, resp_bytes = read ? len : 8;
+    bump(r[layout::kCntXmitPkts], resp_pkts);
+    bump(r[layout::kCntXmitBytes], resp_bytes);
+    bump(l[layout::kCntRcvPkts], resp_pkts);
+    bump(l[layout::kCntRcvBytes], resp_bytes);
+  }
+}
+
+// The port the destination QP t receives on: UD its own port (untrusted,
+// checked by group()), the others the DLID's port.
+inline uint32_t dest_port(const Qp* qp, const layout::QpEntry* t) noexcept {
+  return qp->qp_type == IBV_QPT_UD ? uint32_t{t->port} : uint32_t{qp->cnt.rport};
+}
+
+// deliver: a receive WQE of QP t completed successfully.
+inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t) noexcept {
+  if (!qp->cnt.rec) return;
+  if (std::atomic<uint64_t>* r = k.group(qp->cnt.rec, layout::kGroupRemote, dest_port(qp, t)))
+    bump(r[layout::kCntRdmaRecvs], 1);
+}
+
+// execute_ud: UD message s reached QP t (no_recv: it had no receive posted).
+inline void ud_arrived(CounterSink& k, Qp* qp, const SendSlot* s, const layout::QpEntry* t, bool no_recv) noexcept {
+  if (!qp->cnt.rec) return;
+  std::atomic<uint64_t>* r = k.group(qp->cnt.rec, layout::kGroupRemote, t->port);
+  if (!r) return;
+  bump(r[layout::kCntRcvPkts], 1);
+  bump(r[layout::kCntRcvBytes], s->length);
+  if (multicast_lid(s->av.dlid)) bump(r[layout::kCntMcastRcvPkts], 1);
+  if (no_recv) bump(r[layout::kCntUdDropNoRecv], 1);
+}
+
+// execute_ud: a unicast UD message s reached no QP (no such QP, not
+// receiving, wrong Q_Key or address). Counted on the port its LID names
+// (as received there), else on the sender's port. Multicast members that
+// vanished are not drops (they left the group).
+void ud_invalid_slow(CounterSink& k, Qp* qp, const SendSlot* s) noexcept;
+inline void ud_invalid(CounterSink& k, Qp* qp, const SendSlot* s, bool unicast) noexcept {
+  if (unicast && qp->cnt.rec) ud_invalid_slow(k, qp, s);
+}
+
+// execute: an RC send found no receive at QP t and waits (RNR) since
+// qp->wait_started_ns; period_ns: t's RNR timer; rnr_retry: 7 = forever.
+inline void rnr_nak(CounterSink& k, Qp* qp, uint64_t now, uint64_t period_ns, uint32_t rnr_retry) noexcept {
+  QpCounting& q = qp->cnt;
+  if (!q.rec) return;
+  const uint64_t start = qp->wait_started_ns;
+  if (q.rnr_wait != start) {
+    q.rnr_wait = start;
+    q.rnr_naks = 0;
+  }
+  uint64_t n = 1 + (now > start && period_ns ? (now - start) / period_ns : 0);
+  if (rnr_retry != 7 && n > uint64_t{rnr_retry} + 1) n = uint64_t{rnr_retry} + 1;
+  if (n <= q.rnr_naks) return;
+  const uint64_t d = n - q.rnr_naks;
+  q.rnr_naks = n;
+  if (std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port)) bump(l[layout::kCntRnrNakRcvd], d);
+  if (std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport)) bump(r[layout::kCntRnrNakSent], d);
+}
+
+// complete_send: a send completion with `status` (only errors count).
+void send_error_slow(CounterSink& k, Qp* qp, uint32_t status) noexcept;
+inline void send_completed(CounterSink& k, Qp* qp, uint32_t status) noexcept {
+  if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR) [[unlikely]]
+    send_error_slow(k, qp, status);
+}
+
+// modify_qp (under the send lock): the QP's port, the DLID's port, the MTU.
+void configure(CounterSink& k, Qp* qp) noexcept;
+
+}  // namespace shmrdma::count
