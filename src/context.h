@@ -368,7 +368,13 @@ class LocalContext {
   Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s, const IoVec* local, uint32_t nlocal,
                   const uint8_t* grh, bool rnr_wait, layout::Cqe cqe, uint32_t* status,
                   const RecvSource* xrc = nullptr) noexcept;
-  bool take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v) noexcept;
+  // What take_holder_dead did with a busy take record.
+  enum class TakeOver { kBusy, kEnded, kAdopted };
+  TakeOver take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v, uint32_t srqn, uint32_t* nv) noexcept;
+  bool take_ring(Peer& peer, layout::QpEntry* t, uint32_t srqn, std::shared_ptr<Peer>* hold, Ring* out) noexcept;
+  bool srq_claim_live(Peer& peer, const layout::QpEntry* t, uint32_t pos) noexcept;
+  bool reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcept;
+  void reclaim_dead_completion(Qp* qp) noexcept;
   void enter_send_error(Qp* qp) noexcept;
   void flush_send_queue(Qp* qp) noexcept;
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;

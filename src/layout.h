@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 7;
+inline constexpr uint32_t kLayoutVersion = 8;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -355,7 +355,10 @@ struct QpEntry {
   // took from the RQ or SRQ. Whoever moves a taken record on to the next idle
   // value completes that WQE exactly once: the initiator with the receive
   // completion, the owner with a flush when its QP enters the error state, or
-  // another initiator that found the holder dead.
+  // another initiator that found the holder dead. rx_take_pos: the ring
+  // position the holder announced before each attempt to claim it (ring.h
+  // try_claim_announced), so a holder that dies with the slot claimed and
+  // unreleased leaves a trace of it and the slot can be adopted.
   std::atomic<uint32_t> rx_take;
   std::atomic<uint32_t> rx_holder_slot;
   std::atomic<uint32_t> rx_holder_generation;
@@ -367,7 +370,7 @@ struct QpEntry {
   uint64_t xrcd_dev;
   uint64_t xrcd_ino;
   std::atomic<uint32_t> rx_take_srqn;
-  uint32_t reserved_xrc;
+  std::atomic<uint32_t> rx_take_pos;
   // Third cache line. Set by an initiator whose sends to this QP wait for a
   // receive (RNR); the owner's post_recv reads it after every post and wakes
   // the initiator. Apart from the receive record, which initiators write on
@@ -377,6 +380,8 @@ struct QpEntry {
 };
 static_assert(sizeof(QpEntry) == 192);
 static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiator_waiting) == 128);
+static_assert(offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_pos) / kCacheLine,
+              "the take record is one cache line: the holder's announcements cost no extra line transfer");
 inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeCompleting = 2, kTakeTaken = 3, kTakeMask = 3;
 
 struct SrqEntry {

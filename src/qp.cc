@@ -102,6 +102,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->xrcd_dev = xrc_recv ? xrcds_[a.xrcd].dev : 0;
   e->xrcd_ino = xrc_recv ? xrcds_[a.xrcd].ino : 0;
   e->rx_take_srqn.store(0, std::memory_order_relaxed);
+  e->rx_take_pos.store(0, std::memory_order_relaxed);
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   qp->index = i;
   qp->qpn = qpn;

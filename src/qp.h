@@ -196,6 +196,8 @@ struct Qp {
   // A busy receive record of a target QP (transport.cc take_holder_dead).
   uint32_t busy_take = 0, busy_take_qpn = 0;
   uint64_t busy_since_ns = 0;
+  uint64_t busy_claim_since_ns = 0;  // since when its holder's announced slot is seen claimed (0: not seen)
+  uint32_t busy_claim_pos = 0;
 
   // Connection (from RTR).
   std::shared_ptr<Peer> peer;

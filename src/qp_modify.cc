@@ -262,7 +262,11 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
     if (qp->rq.attached()) drain_recv_ring(qp->rq, [](uint64_t) {});
     // A receive an initiator still holds is discarded too: its completion
-    // finds the take ended.
+    // finds the take ended. A slot a dead initiator left claimed goes back
+    // to the ring first (else the ring would stall there a lap later).
+    uint64_t discarded_wr_id = 0;
+    uint32_t discarded_srqn = 0;
+    (void)reclaim_take(qp, &discarded_wr_id, &discarded_srqn);
     take_discard(e);
     qp->peer.reset();
     qp->rq_flushed = false;

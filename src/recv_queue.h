@@ -26,7 +26,10 @@ uint32_t recv_wqe_stride(uint32_t max_sge) noexcept;
 int post_recv_wqe(Ring ring, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
 
 // Claims every posted WQE (at most one lap, so it is bounded even against a
-// producer that keeps posting) and passes each wr_id to on_wqe.
+// producer that keeps posting) and passes each wr_id to on_wqe. A slot
+// adopted before our release (transport.cc: an initiator that found the
+// holder of a take record dead may take over the slot that holder announced,
+// which can be one we just claimed) is not ours: it is left out.
 template <typename F>
 void drain_recv_ring(Ring ring, F&& on_wqe) noexcept {
   for (uint32_t n = 0; n < ring.capacity(); ++n) {
@@ -34,8 +37,7 @@ void drain_recv_ring(Ring ring, F&& on_wqe) noexcept {
     if (!r) break;
     layout::RecvWqeHeader h;
     std::memcpy(&h, r.handle.payload, sizeof h);
-    ring.release(r.handle);
-    on_wqe(h.wr_id);
+    if (ring.release_cas(r.handle)) on_wqe(h.wr_id);
   }
 }
 
@@ -58,12 +60,34 @@ inline bool take_reserve(layout::QpEntry* t, uint32_t slot, uint32_t generation,
   return true;
 }
 
+// The ring position the holder of reserved record t is about to claim
+// (ring.h try_claim_announced): before every claim attempt, so a holder that
+// dies with the slot claimed and unreleased leaves its position behind.
+// Relaxed: whoever reads it either found the holder dead (its stores all
+// happened) or validates it against the slot's seq; the claim CAS releases it.
+inline void take_announce(layout::QpEntry* t, uint32_t pos) noexcept {
+  t->rx_take_pos.store(pos, std::memory_order_relaxed);
+}
+
 // Reserved -> taken: wr_id is the WQE now held (before its ring slot goes).
-inline uint32_t take_hold(layout::QpEntry* t, uint32_t reserved, uint64_t wr_id) noexcept {
+// A CAS: false when the record is no longer ours (RESET discarded it, or it
+// was taken over), and then neither is the WQE. *taken: the new value.
+inline bool take_hold(layout::QpEntry* t, uint32_t reserved, uint64_t wr_id, uint32_t* taken) noexcept {
   t->rx_take_wr_id.store(wr_id, std::memory_order_relaxed);
-  uint32_t taken = (reserved & ~layout::kTakeMask) | layout::kTakeTaken;
-  t->rx_take.store(taken, std::memory_order_release);
-  return taken;
+  *taken = (reserved & ~layout::kTakeMask) | layout::kTakeTaken;
+  return t->rx_take.compare_exchange_strong(reserved, *taken, std::memory_order_acq_rel);
+}
+
+// Takes over record v (reserved or taken) of a dead holder: it becomes
+// reserved by (slot, generation) with a new counter, keeping the position
+// the dead holder announced, whose slot the new holder then adopts. false
+// when v changed (someone else took it over or ended it). *nv: the new value.
+inline bool take_transfer(layout::QpEntry* t, uint32_t v, uint32_t slot, uint32_t generation, uint32_t* nv) noexcept {
+  *nv = take_next_idle(v) | layout::kTakeReserved;
+  if (!t->rx_take.compare_exchange_strong(v, *nv, std::memory_order_acq_rel)) return false;
+  t->rx_holder_slot.store(slot, std::memory_order_relaxed);
+  t->rx_holder_generation.store(generation, std::memory_order_relaxed);
+  return true;
 }
 
 // Ends the record at value v (reserved or taken) if it is still v: true

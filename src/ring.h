@@ -56,12 +56,18 @@
 //                      try_claim_sc: only when the caller is the ONLY consumer
 //                      (e.g. the completion queue owner holding its poll lock).
 //                      Must not run concurrently with try_claim/try_pop.
+//                      try_claim_announced / release_cas: consumers that
+//                      may die while they hold a slot; claimed_unreleased +
+//                      release_cas: whoever adopts such a slot. A ring where
+//                      slots may be adopted releases with release_cas only.
 //   * peek_ready / size_approx / capacity - anybody, any time (advisory).
 //
 // A reserved slot must eventually be published, and a claimed slot released;
 // until then the ring stalls at that slot (this is what makes in-place,
 // zero-copy access possible). If a peer dies while holding a slot the ring
-// stays stalled at that position: recovery is the job of the queue layer.
+// stays stalled at that position: recovery is the job of the queue layer
+// (skip_unpublished_sc for producers; claimed_unreleased + release_cas for
+// consumers that announced their claims).
 //
 // ---------------------------------------------------------------------------
 // ALGORITHM AND MEMORY ORDERING
@@ -486,6 +492,59 @@ class Ring {
     return {RingStatus::contended, {}};
   }
 
+  // try_claim for a consumer that leaves a trace of what it claims (a
+  // receive take, transport.cc): announce(pos) runs before every CAS attempt
+  // on consumer_pos, so if the consumer dies the last position it announced
+  // is the only one it may have claimed. Such a slot is given back with
+  // release_cas, never release: whoever finds the consumer dead may adopt it
+  // (claimed_unreleased + release_cas) and the loser of the CAS learns it.
+  template <typename F>
+  RingResult try_claim_announced(F&& announce) noexcept {
+    assert(attached());
+    // Relaxed: hint only, decided by seq (A1) and the CAS (see try_claim).
+    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      RingSlotHeader* h = header(pos);
+      // A1 pairs with R1.
+      const uint32_t seq = h->seq.load(std::memory_order_acquire);
+      const int32_t dist = distance(seq, pos + 1);
+      if (dist == 0) {
+        announce(pos);
+        // Release on success: the announcement is visible to whoever sees
+        // consumer_pos past pos (claimed_unreleased). Ticket otherwise.
+        if (shared_->consumer_pos.compare_exchange_weak(
+                pos, pos + 1, std::memory_order_release,
+                std::memory_order_relaxed)) {
+          return {RingStatus::ok, handle(pos)};
+        }
+      } else if (dist < 0) {
+        return {RingStatus::empty, {}};
+      } else {
+        pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+      }
+    }
+    return {RingStatus::contended, {}};
+  }
+
+  // Whether position pos is claimed and not released: its slot's seq is
+  // pos + 1 (published for pos) and the consumer position is past pos (a
+  // consumer took it). On true *h is its handle: the payload may be read
+  // (untrusted) and the slot given back with release_cas, whose success is
+  // the ownership decision. Anybody, any time; the answer is advisory. A seq
+  // is pos + 1 only between the claim and the release of that lap, so a
+  // slot found claimed at pos twice stayed claimed in between (up to the
+  // 2^32 wrap of positions).
+  bool claimed_unreleased(uint32_t pos, RingHandle* h) const noexcept {
+    assert(attached());
+    // A1 pairs with R1: the producer's payload is visible to the reader.
+    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1) return false;
+    // Acquire pairs with the release of try_claim_announced's CAS.
+    const int32_t d = distance(shared_->consumer_pos.load(std::memory_order_acquire), pos);
+    if (d <= 0 || static_cast<uint32_t>(d) > capacity_) return false;  // not claimed (or nonsense)
+    *h = handle(pos);
+    return true;
+  }
+
   // Single-consumer fast path: no CAS. The caller guarantees no other
   // consumer (of either kind) runs concurrently on this ring.
   RingResult try_claim_sc() noexcept {
@@ -511,6 +570,18 @@ class Ring {
     assert(attached());
     // R2: our payload reads happen-before a next-lap producer's A2.
     header(h.pos)->seq.store(h.pos + capacity_, std::memory_order_release);
+  }
+
+  // Give a claimed slot back with a CAS (pos + 1 -> pos + capacity): true
+  // when this caller released it, false when it was no longer claimed at
+  // h.pos (someone adopted it: see try_claim_announced). The payload read
+  // before a successful release_cas belongs to this caller alone.
+  bool release_cas(RingHandle h) noexcept {
+    assert(attached());
+    uint32_t expect = h.pos + 1;
+    // R2 on success (release); acquire so a failed caller sees why.
+    return header(h.pos)->seq.compare_exchange_strong(expect, h.pos + capacity_, std::memory_order_acq_rel,
+                                                      std::memory_order_acquire);
   }
 
   // Copy `len` bytes out of the next slot into private memory (MPMC-safe).

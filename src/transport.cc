@@ -284,41 +284,16 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   flush_send_queue(qp);
   // A receive an initiator took and did not complete (it died, or is still
   // moving the data into a QP that has now failed) is the oldest: it goes
-  // first, then the ones still queued.
+  // first, then the ones still queued. An XRC_RECV QP's receives come from
+  // XRC SRQs: a taken one completes in the CQ of the SRQ it was taken from.
   uint64_t taken_wr_id = 0;
-  if (qp->qp_type == IBV_QPT_XRC_RECV) {
-    // Its receives come from XRC SRQs: a taken one completes in the CQ of
-    // the SRQ it was taken from (rx_take_srqn, read before the record ends).
-    layout::QpEntry* e = qp->shared;
-    uint32_t v = e->rx_take.load(std::memory_order_acquire);
-    if ((v & layout::kTakeMask) == layout::kTakeTaken) {
-      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
-      uint32_t srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
-      if (take_end(e, v)) {
-        const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
-        push_xrc_recv_cqe(srqn, c);
-      }
-    }
-  } else {
-    layout::QpEntry* e = qp->shared;
-    uint32_t v = e->rx_take.load(std::memory_order_acquire);
-    bool flush = false;
-    if ((v & layout::kTakeMask) == layout::kTakeTaken) {
-      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
-      flush = take_end(e, v);
-    } else if ((v & layout::kTakeMask) == layout::kTakeCompleting &&
-               context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
-                            e->rx_holder_generation.load(std::memory_order_relaxed))) {
-      // The initiator died while it wrote the receive completion: flush the
-      // WQE unless that completion made it into our CQ.
-      taken_wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
-      bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
-      flush = take_end(e, v) && !delivered;
-    }
-    if (flush) {
-      const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
+  uint32_t taken_srqn = 0;
+  if (reclaim_take(qp, &taken_wr_id, &taken_srqn)) {
+    const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
+    if (qp->qp_type == IBV_QPT_XRC_RECV)
+      push_xrc_recv_cqe(taken_srqn, c);
+    else
       (void)push_cqe(qp->recv_cq, c);
-    }
   }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
@@ -381,34 +356,197 @@ bool LocalContext::recv_completion_delivered(Qp* qp, uint8_t tag) noexcept {
   return last_recv_tag_[qp->index].load(std::memory_order_relaxed) == tag;
 }
 
+// The ring the receive WQEs of take record t come from: t's RQ or SRQ in
+// peer's segment or, for an XRC_RECV QP, the XRC SRQ srqn wherever it lives
+// (*hold keeps its owner mapped).
+bool LocalContext::take_ring(Peer& peer, layout::QpEntry* t, uint32_t srqn, std::shared_ptr<Peer>* hold,
+                             Ring* out) noexcept {
+  if (t->qp_type == IBV_QPT_XRC_RECV) {
+    Peer* owner = nullptr;
+    layout::SrqEntry* se = find_xrc_srq(srqn, hold, &owner);
+    return se && owner->ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, out);
+  }
+  if (t->srq_index != layout::kNoIndex) {
+    layout::SrqEntry* se = peer.srq(t->srq_index);
+    return se && se->state.load(std::memory_order_acquire) == layout::kLive &&
+           peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, out);
+  }
+  return peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, out);
+}
+
+// Whether SRQ position pos, claimed and unreleased, may be held by a live
+// initiator: one delivering into another QP of peer on t's SRQ whose record
+// is busy and announces pos. Every claimer of a basic SRQ holds the record of
+// one of its owner's QPs and announces its position before it claims, so a
+// slot no live holder announces is a dead holder's. (An XRC SRQ is shared
+// with QPs of other processes: callers rely on a grace period alone.)
+bool LocalContext::srq_claim_live(Peer& peer, const layout::QpEntry* t, uint32_t pos) noexcept {
+  const uint32_t srq = t->srq_index;
+  for (uint32_t i = 0; i < peer.layout.qp_slots; ++i) {
+    layout::QpEntry* q = peer.qp(i);
+    if (!q || q == t || q->state.load(std::memory_order_acquire) != layout::kLive || q->srq_index != srq) continue;
+    if ((q->rx_take.load(std::memory_order_acquire) & layout::kTakeMask) == layout::kTakeIdle ||
+        q->rx_take_pos.load(std::memory_order_relaxed) != pos)
+      continue;
+    if (!context_dead(q->rx_holder_slot.load(std::memory_order_relaxed),
+                      q->rx_holder_generation.load(std::memory_order_relaxed)))
+      return true;
+  }
+  return false;
+}
+
 // A busy receive record (another initiator delivers into t, or one died
-// while it did): true when its holder is dead and we ended the record. The
-// WQE it held completes with IBV_WC_REM_ABORT_ERR (its message never fully
-// arrived). Only a value unchanged for a grace period is looked at, so a
-// holder that just reserved (and has not yet written its identity) is safe.
-bool LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v) noexcept {
+// while it did). Only a value unchanged for a grace period is looked at, so
+// a holder that just reserved (and has not yet written its identity) is
+// safe; a live holder (or one of our own threads) is waited for (kBusy).
+// A dead holder's record:
+//  - reserved or taken, with the ring slot it announced (rx_take_pos) still
+//    claimed and unreleased: the holder died before it released the slot,
+//    so before it wrote into the WQE. The record passes to us (kAdopted, *nv
+//    its new value, reserved by us) and the caller delivers its own message
+//    into that WQE: no receive is lost or passed over. On an SRQ another
+//    QP's live initiator may hold that position (the dead one lost the claim
+//    to it and died before it announced the next): it is adopted only after
+//    it stayed claimed for 2 s and no live holder announces it; a live
+//    claimer whose slot is adopted all the same finds out by its release
+//    CAS and lets go. A WQE of another XRC SRQ than the caller's (srqn)
+//    completes with IBV_WC_REM_ABORT_ERR instead.
+//  - completing (it died while it wrote the receive completion): left to the
+//    owner (reclaim_dead_completion), kBusy;
+//  - otherwise it ends (kEnded); the WQE of a taken one (its slot released,
+//    the data partly moved) completes with IBV_WC_REM_ABORT_ERR (its message
+//    never fully arrived).
+LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v,
+                                                      uint32_t srqn, uint32_t* nv) noexcept {
   const uint64_t now = now_ns();
   if (qp->busy_take != v || qp->busy_take_qpn != t->qpn) {
     qp->busy_take = v;
     qp->busy_take_qpn = t->qpn;
     qp->busy_since_ns = now;
-    return false;
+    qp->busy_claim_since_ns = 0;
+    return TakeOver::kBusy;
   }
-  if (now - qp->busy_since_ns < 100'000'000ull) return false;
+  if (now - qp->busy_since_ns < 100'000'000ull) return TakeOver::kBusy;
   qp->busy_since_ns = now;  // look again in another grace period at most
   uint32_t slot = t->rx_holder_slot.load(std::memory_order_relaxed);
   uint32_t gen = t->rx_holder_generation.load(std::memory_order_relaxed);
-  if (!context_dead(slot, gen)) return false;  // alive, or one of our own threads
+  if (!context_dead(slot, gen)) return TakeOver::kBusy;  // alive, or one of our own threads
   uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
-  const uint32_t srqn = t->rx_take_srqn.load(std::memory_order_relaxed);
-  if (!take_end(t, v)) return false;
-  if ((v & layout::kTakeMask) == layout::kTakeTaken) {
+  const uint32_t tsrqn = t->rx_take_srqn.load(std::memory_order_relaxed);
+  const uint32_t st = v & layout::kTakeMask;
+  if (st == layout::kTakeReserved || st == layout::kTakeTaken) {
+    const uint32_t pos = t->rx_take_pos.load(std::memory_order_relaxed);
+    const bool xrc_t = t->qp_type == IBV_QPT_XRC_RECV;
+    std::shared_ptr<Peer> hold;
+    Ring ring;
+    RingHandle h{};
+    if (take_ring(peer, t, tsrqn, &hold, &ring) && ring.claimed_unreleased(pos, &h)) {
+      if (st == layout::kTakeReserved && (xrc_t || t->srq_index != layout::kNoIndex)) {
+        if (!qp->busy_claim_since_ns || qp->busy_claim_pos != pos) {
+          qp->busy_claim_since_ns = now;
+          qp->busy_claim_pos = pos;
+          return TakeOver::kBusy;
+        }
+        if (now - qp->busy_claim_since_ns < 2'000'000'000ull) return TakeOver::kBusy;
+        if (!xrc_t && srq_claim_live(peer, t, pos)) return TakeOver::kBusy;
+      }
+      if (!take_transfer(t, v, slot_, generation_, nv)) return TakeOver::kBusy;
+      if (!xrc_t || tsrqn == srqn) return TakeOver::kAdopted;
+      // Another XRC SRQ's WQE: taken over like deliver does, then aborted.
+      layout::RecvWqeHeader wqe;
+      std::memcpy(&wqe, h.payload, sizeof wqe);
+      uint32_t taken = 0;
+      if (!take_hold(t, *nv, wqe.wr_id, &taken)) return TakeOver::kBusy;
+      if (!ring.release_cas(h)) {
+        take_end(t, taken);
+        return TakeOver::kEnded;
+      }
+      if (take_complete_begin(t, taken)) {
+        push_xrc_recv_cqe(tsrqn, recv_status_cqe(wqe.wr_id, IBV_WC_REM_ABORT_ERR, t->qpn));
+        take_done(t, taken);
+      }
+      return TakeOver::kEnded;
+    }
+  }
+  // A record left completing: only the owner can tell whether the receive
+  // completion reached its CQ (reclaim_dead_completion); until it ends the
+  // record, we wait, so no later completion of t overtakes that one. (The
+  // CQ of an XRC SRQ may be another process's: ended here, as before.)
+  if (st == layout::kTakeCompleting && t->qp_type != IBV_QPT_XRC_RECV) return TakeOver::kBusy;
+  if (!take_end(t, v)) return TakeOver::kBusy;
+  if (st == layout::kTakeTaken) {
     const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, t->qpn);
     if (t->qp_type == IBV_QPT_XRC_RECV)
-      push_xrc_recv_cqe(srqn, c);  // the XRC SRQ's CQ
+      push_xrc_recv_cqe(tsrqn, c);  // the XRC SRQ's CQ
     else
       (void)push_peer_cqe(peer, t->recv_cq, c);
   }
+  return TakeOver::kEnded;
+}
+
+// A receive completion a dead initiator was writing into our QP's CQ (its
+// record stuck completing; see take_holder_dead): unless it arrived, the WQE
+// completes with IBV_WC_REM_ABORT_ERR. Ending the record lets the next
+// initiator in. Called from the periodic liveness pass (progress_all).
+void LocalContext::reclaim_dead_completion(Qp* qp) noexcept {
+  if (qp->qp_type == IBV_QPT_XRC_RECV) return;
+  layout::QpEntry* e = qp->shared;
+  const uint32_t v = e->rx_take.load(std::memory_order_acquire);
+  if ((v & layout::kTakeMask) != layout::kTakeCompleting ||
+      !context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                    e->rx_holder_generation.load(std::memory_order_relaxed)))
+    return;
+  const uint64_t wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+  const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+  if (take_end(e, v) && !delivered) (void)push_cqe(qp->recv_cq, recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, qp->qpn));
+}
+
+// The owner's side of its QP's take record, when the QP is flushed (ERR) or
+// reset: true with the WQE to complete (*wr_id; *srqn its XRC SRQ) when the
+// record held one nobody else will complete, and then the record is ended:
+//  - taken: always (the initiator's completion then finds the record ended);
+//    a slot its holder left claimed goes back to the ring (a live holder's
+//    release CAS then fails and it lets go of the WQE);
+//  - completing, by a dead initiator: unless its completion reached the CQ;
+//  - reserved, by a dead initiator that left the slot it announced claimed
+//    and unreleased (see take_holder_dead; on an SRQ only when no live
+//    initiator announces that position; never on an XRC SRQ, which may have
+//    claimers in other processes): the WQE of that slot.
+// A reserved record of a live initiator is left to it.
+bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcept {
+  layout::QpEntry* e = qp->shared;
+  const bool xrc = qp->qp_type == IBV_QPT_XRC_RECV;
+  const uint32_t v = e->rx_take.load(std::memory_order_acquire);
+  const uint32_t st = v & layout::kTakeMask;
+  if (st == layout::kTakeIdle) return false;
+  *srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
+  const bool dead = context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                                 e->rx_holder_generation.load(std::memory_order_relaxed));
+  if (st == layout::kTakeCompleting) {
+    // The initiator died while it wrote the receive completion: flush the
+    // WQE unless that completion made it into our CQ.
+    if (xrc || !dead) return false;
+    *wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+    const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+    return take_end(e, v) && !delivered;
+  }
+  const uint32_t pos = e->rx_take_pos.load(std::memory_order_relaxed);
+  std::shared_ptr<Peer> hold;
+  Ring ring;
+  RingHandle h{};
+  const bool held = take_ring(self_peer_, e, *srqn, &hold, &ring) && ring.claimed_unreleased(pos, &h);
+  if (st == layout::kTakeTaken) {
+    *wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+    if (!take_end(e, v)) return false;
+    if (held) (void)ring.release_cas(h);
+    return true;
+  }
+  if (!dead || !held || xrc || (e->srq_index != layout::kNoIndex && srq_claim_live(self_peer_, e, pos)))
+    return false;
+  layout::RecvWqeHeader wqe;
+  std::memcpy(&wqe, h.payload, sizeof wqe);
+  if (!take_end(e, v) || !ring.release_cas(h)) return false;
+  *wr_id = wqe.wr_id;
   return true;
 }
 
@@ -427,10 +565,19 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
                                             const RecvSource* xrc) noexcept {
   const uint64_t len = s->length;
   uint32_t v = 0;
+  bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
   if (!take_reserve(t, slot_, generation_, &v)) {
-    if (!take_holder_dead(qp, peer, t, v) || !take_reserve(t, slot_, generation_, &v)) return Deliver::kBusy;
+    switch (take_holder_dead(qp, peer, t, v, xrc ? xrc->srqn : layout::kNoIndex, &v)) {
+      case TakeOver::kBusy: return Deliver::kBusy;
+      case TakeOver::kAdopted: adopted = true; break;
+      case TakeOver::kEnded:
+        if (!take_reserve(t, slot_, generation_, &v)) return Deliver::kBusy;
+        break;
+    }
   }
   qp->busy_take_qpn = 0;
+  // Names the ring of the positions we announce (published by the claim).
+  if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);
   uint32_t held = v;  // the record's value while we hold it (reserved, then taken)
   auto gone = [&](uint32_t st) {
     take_end(t, held);
@@ -457,7 +604,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
     return gone(IBV_WC_REM_OP_ERR);
   }
-  if (rnr_wait && qp->rnr_backoff) {
+  if (rnr_wait && qp->rnr_backoff && !adopted) {  // (an adopted WQE is there to be used)
     // The last attempt found no receive (an RNR NAK). Hardware retries after
     // the responder's RNR timer; we go on as soon as a batch of receives is
     // posted, or after at most kRnrBackoffNs. Retrying on every single
@@ -472,15 +619,27 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   }
   uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
   rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
-  RingResult claimed = rq.try_claim();
-  if (!claimed && claimed.status != RingStatus::contended && rnr_wait) {
-    // Tell the receiver someone waits (its post_recv wakes us: cq.cc
-    // wake_initiator), then look once more. The fence pairs with the one the
-    // receiver runs after posting: either we see its WQE or it sees the flag.
-    if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
-      t->initiator_waiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    claimed = rq.try_claim();
+  // Every position we try to claim is announced in the record first, so if
+  // we die holding the slot the next initiator adopts it (take_holder_dead).
+  auto announce = [t](uint32_t pos) { take_announce(t, pos); };
+  RingResult claimed;
+  if (adopted) {
+    // The dead holder's slot: ours, unless the owner flushed it meanwhile.
+    if (rq.claimed_unreleased(t->rx_take_pos.load(std::memory_order_relaxed), &claimed.handle))
+      claimed.status = RingStatus::ok;
+    else
+      claimed.status = RingStatus::contended;
+  } else {
+    claimed = rq.try_claim_announced(announce);
+    if (!claimed && claimed.status != RingStatus::contended && rnr_wait) {
+      // Tell the receiver someone waits (its post_recv wakes us: cq.cc
+      // wake_initiator), then look once more. The fence pairs with the one the
+      // receiver runs after posting: either we see its WQE or it sees the flag.
+      if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
+        t->initiator_waiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      claimed = rq.try_claim_announced(announce);
+    }
   }
   if (!claimed) {
     take_end(t, v);
@@ -492,15 +651,24 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kNoReceive;
   }
   // Copy the WQE out of shared memory, record the take, then free the slot.
+  // Both are CASes: a record we no longer hold (RESET discarded it) or a slot
+  // someone adopted (we were taken for dead, or the owner's flush ended our
+  // record first) is not ours, nor is the WQE: let go, the send is retried.
   layout::RecvWqeHeader h;
   layout::WireSge rsge[limits::kMaxSge];
   std::memcpy(&h, claimed.handle.payload, sizeof h);
   uint32_t rn = std::min(h.num_sge, rq_max_sge);
   std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
-  if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);  // published by take_hold's release
-  const uint32_t taken = take_hold(t, v, h.wr_id);
+  uint32_t taken = 0;
+  if (!take_hold(t, v, h.wr_id, &taken)) {
+    (void)rq.release_cas(claimed.handle);  // discarded with the record, unless already adopted
+    return Deliver::kBusy;
+  }
   held = taken;
-  rq.release(claimed.handle);
+  if (!rq.release_cas(claimed.handle)) {
+    take_end(t, taken);
+    return Deliver::kBusy;
+  }
   // The next send to this queue reads the next slot: progress_all prefetches
   // it while we poll, so that read does not wait for the line to cross cores.
   warm_rq_slot_.store(rq.slot_address(claimed.handle.pos + 1), std::memory_order_relaxed);
@@ -983,6 +1151,7 @@ void LocalContext::progress_all() noexcept {
   // of its QP table.
   for (Qp* q : live_qps_) {
     if (liveness) check_peer(q);
+    if (liveness) reclaim_dead_completion(q);
     if (attention && q->state() == IBV_QPS_ERR && !q->rq_flushed) {
       std::lock_guard sq(q->sq_lock);
       flush_qp(q);

@@ -872,5 +872,188 @@ TEST(RingFuzz, SpscFastPaths) {
   run_fuzz({1, 1, fuzz_items(600000), Side::single, Side::single, 16, 64});
 }
 
+// ------------------------------------------------- adoptable claims
+//
+// try_claim_announced / claimed_unreleased / release_cas: a consumer that
+// announces every position before it tries to claim it, and may die holding
+// the slot; whoever finds it dead adopts the slot, and the CAS on the slot's
+// seq decides who owns the entry.
+
+// The announcement comes before the claim, and names the position claimed.
+TEST(RingAdopt, AnnouncedClaimNamesItsPosition) {
+  RingMem m(4, 64);
+  Ring r = make_ring(m, 4, 64);
+  std::vector<uint32_t> announced;
+  auto note = [&](uint32_t p) { announced.push_back(p); };
+  EXPECT_EQ(r.try_claim_announced(note).status, RingStatus::empty);
+  EXPECT_TRUE(announced.empty()) << "nothing to claim, nothing announced";
+  const uint32_t a = 1, b = 2;
+  ASSERT_EQ(r.try_push(&a, sizeof a), RingStatus::ok);
+  ASSERT_EQ(r.try_push(&b, sizeof b), RingStatus::ok);
+  RingResult c = r.try_claim_announced(note);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c.handle.pos, 0u);
+  ASSERT_EQ(announced.size(), 1u);
+  EXPECT_EQ(announced[0], 0u);
+  EXPECT_TRUE(r.release_cas(c.handle));
+  EXPECT_FALSE(r.release_cas(c.handle)) << "released twice";
+}
+
+// Another consumer wins the position we announced: we announce again, the
+// next position, before we claim that one.
+TEST(RingAdopt, LosingTheClaimAnnouncesTheNextPosition) {
+  RingMem m(4, 64);
+  Ring r = make_ring(m, 4, 64);
+  for (uint32_t v = 0; v < 3; ++v) ASSERT_EQ(r.try_push(&v, sizeof v), RingStatus::ok);
+  std::vector<uint32_t> announced;
+  RingResult other{};
+  RingResult c = r.try_claim_announced([&](uint32_t p) {
+    announced.push_back(p);
+    if (announced.size() == 1) other = r.try_claim();  // races us to p
+  });
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(other.handle.pos, 0u);
+  EXPECT_EQ(c.handle.pos, 1u);
+  EXPECT_EQ(announced, (std::vector<uint32_t>{0, 1}));
+  uint32_t v = 0;
+  std::memcpy(&v, c.handle.payload, sizeof v);
+  EXPECT_EQ(v, 1u);
+  EXPECT_TRUE(r.release_cas(other.handle));
+  EXPECT_TRUE(r.release_cas(c.handle));
+}
+
+// What counts as claimed and unreleased: only a published slot a consumer
+// took and has not given back, at exactly that position.
+TEST(RingAdopt, ClaimedUnreleasedOnlyForAHeldClaim) {
+  RingMem m(4, 64);
+  Ring r = make_ring(m, 4, 64);
+  RingHandle h{};
+  EXPECT_FALSE(r.claimed_unreleased(0, &h)) << "empty";
+  RingResult res = r.try_reserve();
+  ASSERT_TRUE(res);
+  EXPECT_FALSE(r.claimed_unreleased(0, &h)) << "reserved, not published";
+  r.publish(res.handle);
+  EXPECT_FALSE(r.claimed_unreleased(0, &h)) << "published, nobody claimed it";
+  RingResult c = r.try_claim_announced([](uint32_t) {});
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(r.claimed_unreleased(0, &h));
+  EXPECT_EQ(h.pos, 0u);
+  EXPECT_EQ(h.payload, c.handle.payload);
+  EXPECT_FALSE(r.claimed_unreleased(4, &h)) << "same slot, next lap";
+  EXPECT_FALSE(r.claimed_unreleased(0u - 4u, &h)) << "same slot, previous lap";
+  EXPECT_FALSE(r.claimed_unreleased(1, &h)) << "another slot";
+  ASSERT_TRUE(r.release_cas(c.handle));
+  EXPECT_FALSE(r.claimed_unreleased(0, &h)) << "released";
+}
+
+// A consumer dies holding a slot: the ring stalls a lap later until someone
+// adopts the slot (reads the entry, releases it with the CAS); the dead
+// consumer's own late release (a consumer that was only slow) then fails,
+// and the ring goes on for laps, across the 2^32 wrap of positions.
+TEST(RingAdopt, AdoptingADeadConsumersSlotAcrossTheWrap) {
+  constexpr uint32_t kCap = 4;
+  RingMem m(kCap, 64);
+  Ring r = make_ring(m, kCap, 64, UINT32_MAX - 5);
+  uint32_t next_in = 0, next_out = 0;
+  for (int round = 0; round < 6; ++round) {
+    // Fill the ring; a consumer claims the first entry and "dies".
+    for (uint32_t k = 0; k < kCap; ++k, ++next_in)
+      ASSERT_EQ(r.try_push(&next_in, sizeof next_in), RingStatus::ok) << round;
+    uint32_t announced = 0;
+    RingResult dead = r.try_claim_announced([&](uint32_t p) { announced = p; });
+    ASSERT_TRUE(dead);
+    ASSERT_EQ(announced, dead.handle.pos);
+    // The others consume the rest; the producer cannot pass the held slot.
+    for (uint32_t k = 1; k < kCap; ++k) {
+      RingResult c = r.try_claim_announced([](uint32_t) {});
+      ASSERT_TRUE(c);
+      ASSERT_TRUE(r.release_cas(c.handle));
+    }
+    ASSERT_EQ(r.try_push(&next_in, sizeof next_in), RingStatus::full) << "stalled at the held slot";
+    // The adopter finds the announced position claimed and takes it over.
+    RingHandle h{};
+    ASSERT_TRUE(r.claimed_unreleased(announced, &h)) << round;
+    uint32_t v = 0;
+    std::memcpy(&v, h.payload, sizeof v);
+    EXPECT_EQ(v, next_out) << "the adopted entry is the dead consumer's";
+    ASSERT_TRUE(r.release_cas(h));
+    next_out += kCap;
+    EXPECT_FALSE(r.release_cas(dead.handle)) << "the slow consumer learns its slot was adopted";
+    EXPECT_FALSE(r.claimed_unreleased(announced, &h));
+    // The producer may reuse the slot; a late release_cas cannot undo that.
+    ASSERT_EQ(r.try_push(&next_in, sizeof next_in), RingStatus::ok);
+    EXPECT_FALSE(r.release_cas(dead.handle));
+    RingResult c = r.try_claim_announced([](uint32_t) {});
+    ASSERT_TRUE(c);
+    std::memcpy(&v, c.handle.payload, sizeof v);
+    EXPECT_EQ(v, next_in);
+    ASSERT_TRUE(r.release_cas(c.handle));
+    ++next_in;
+    ++next_out;
+  }
+  EXPECT_GT(r.consumer_position(), 0u);
+  EXPECT_LT(r.consumer_position(), UINT32_MAX - 5) << "the positions crossed 2^32";
+}
+
+// Threads claim with announcements and hold their slot a moment; an adopter
+// thread keeps taking over slots it finds claimed. Every entry is owned
+// (read and successfully released) exactly once, whoever got it.
+TEST(RingAdopt, ConcurrentAdoptionOwnsEveryEntryOnce) {
+  constexpr uint32_t kCap = 8, kItems = kTsan ? 20000 : 200000;
+  constexpr int kConsumers = 3;
+  RingMem m(kCap, 64);
+  Ring ring = make_ring(m, kCap, 64, UINT32_MAX - 100);
+  std::vector<std::atomic<uint8_t>> owned(kItems);
+  std::atomic<uint32_t> done{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> adopted{0}, lost_races{0};
+  std::vector<std::thread> th;
+  th.emplace_back([&] {
+    Ring v = ring;
+    for (uint32_t i = 0; i < kItems && !stop.load(std::memory_order_relaxed);)
+      if (v.try_push(&i, sizeof i) == RingStatus::ok) ++i;
+  });
+  for (int c = 0; c < kConsumers; ++c)
+    th.emplace_back([&] {
+      Ring v = ring;
+      while (!stop.load(std::memory_order_relaxed)) {
+        RingResult res = v.try_claim_announced([](uint32_t) {});
+        if (!res) continue;
+        uint32_t x = 0;
+        std::memcpy(&x, res.handle.payload, sizeof x);
+        if (v.release_cas(res.handle)) {
+          if (x < kItems && owned[x].fetch_add(1) == 0) done.fetch_add(1);
+        } else {
+          lost_races.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    });
+  th.emplace_back([&] {
+    Ring v = ring;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint32_t cons = v.consumer_position();
+      for (uint32_t p = cons - kCap; p != cons; ++p) {
+        RingHandle h{};
+        if (!v.claimed_unreleased(p, &h)) continue;
+        uint32_t x = 0;
+        std::memcpy(&x, h.payload, sizeof x);
+        if (v.release_cas(h)) {
+          adopted.fetch_add(1, std::memory_order_relaxed);
+          if (x < kItems && owned[x].fetch_add(1) == 0) done.fetch_add(1);
+        }
+      }
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done.load() < kItems && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  stop.store(true);
+  for (auto& t : th) t.join();
+  ASSERT_EQ(done.load(), kItems);
+  for (uint32_t i = 0; i < kItems; ++i) ASSERT_EQ(owned[i].load(), 1) << "entry " << i;
+  EXPECT_EQ(adopted.load(), lost_races.load()) << "each adoption is one consumer's lost release";
+}
+
 }  // namespace
 }  // namespace shmrdma
