@@ -218,6 +218,20 @@ int inspect_context(const DevicePaths& paths, const ContextInfo& ctx, ContextObj
                            std::min<uint32_t>(wqs[i].wq_state.load(std::memory_order_relaxed), 3),
                            wqs[i].capacity, wqs[i].max_sge, wqs[i].pd_index, wqs[i].cq_index});
     }
+    auto* qps = m.at<layout::QpEntry>(l.qp_table);
+    for (uint32_t i = 0; i < l.qp_slots; ++i) o.qps += qps[i].state.load(std::memory_order_acquire) == layout::kLive;
+    auto* srqs = m.at<layout::SrqEntry>(l.srq_table);
+    for (uint32_t i = 0; i < l.srq_slots; ++i)
+      o.srqs += srqs[i].state.load(std::memory_order_acquire) == layout::kLive;
+    // Memory windows are entries of the MR table too (layout.h MrEntry kind).
+    auto* mrs = m.at<layout::MrEntry>(l.mr_table);
+    for (uint32_t i = 0; i < l.mr_slots; ++i) {
+      if (mrs[i].state.load(std::memory_order_acquire) != layout::kLive) continue;
+      if (std::atomic_ref<uint32_t>(mrs[i].kind).load(std::memory_order_relaxed) == layout::kKindMr)
+        ++o.mrs;
+      else
+        ++o.mws;
+    }
   } catch (const std::bad_alloc&) {
     return ENOMEM;
   }

@@ -430,7 +430,7 @@ class LocalContext {
 
 // Read-only view of another context's segment, for `shmrdma status`.
 struct ContextObjects {
-  uint32_t pds = 0, cqs = 0, wqs = 0, ind_tables = 0;
+  uint32_t pds = 0, cqs = 0, wqs = 0, ind_tables = 0, qps = 0, srqs = 0, mrs = 0, mws = 0;
   struct Wq { uint32_t wq_num, state, capacity, max_sge, pd, cq; };
   std::vector<Wq> wq_list;
 };

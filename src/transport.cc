@@ -669,9 +669,14 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     take_end(t, taken);
     return Deliver::kBusy;
   }
-  // The next send to this queue reads the next slot: progress_all prefetches
-  // it while we poll, so that read does not wait for the line to cross cores.
-  warm_rq_slot_.store(rq.slot_address(claimed.handle.pos + 1), std::memory_order_relaxed);
+  // The next send to this queue reads the next slot and then releases it (a
+  // store): fetch its line for writing now, and again from progress_all
+  // while we poll, so neither waits for the line to cross cores on the
+  // critical path. The receiver does not touch a posted slot until it comes
+  // round again, so taking the line early costs it nothing.
+  const void* next_slot = rq.slot_address(claimed.handle.pos + 1);
+  __builtin_prefetch(next_slot, 1);
+  warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
   // exchange disarms it, so each arming raises one event.
   if (se) {
@@ -1130,7 +1135,7 @@ void LocalContext::check_peer(Qp* qp) noexcept {
 void LocalContext::progress_all() noexcept {
   // A hint: the receive WQE our next send will read (a peer's ring stays
   // mapped while we know it, and a prefetch never faults anyway).
-  if (const void* w = warm_rq_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w);
+  if (const void* w = warm_rq_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w, 1);
   auto* h = header();
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
   // Every 1024th call, and at most every 200 ms, look for dead peers.

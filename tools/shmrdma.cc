@@ -316,8 +316,9 @@ int cmd_status(const std::string& home, bool json) {
       if (int rc = shmrdma::inspect_context(p, c, &o); rc) {
         cj["error"] = std::strerror(rc);
       } else {
-        cj["objects"] = {{"pd", o.pds}, {"cq", o.cqs}, {"wq", o.wqs}, {"rwq_ind_table", o.ind_tables},
-                         {"qp", 0}, {"mr", 0}};
+        cj["objects"] = {{"pd", o.pds},   {"cq", o.cqs},   {"wq", o.wqs}, {"rwq_ind_table", o.ind_tables},
+                         {"qp", o.qps},   {"srq", o.srqs}, {"mr", o.mrs}, {"mw", o.mws},
+                         {"ah", c.held[shmrdma::layout::kObjAh]}};
         cj["wqs"] = nlohmann::json::array();
         for (const auto& w : o.wq_list)
           cj["wqs"].push_back({{"wq_num", w.wq_num}, {"state", wq_state_name(w.state)}, {"max_wr", w.capacity},
@@ -357,8 +358,9 @@ int cmd_status(const std::string& home, bool json) {
         continue;
       }
       const auto& o = cj["objects"];
-      fmt::print(": {} PD, {} CQ, {} WQ, {} RWQ_IND_TABLE, {} QP, {} MR\n", o["pd"].get<int>(), o["cq"].get<int>(),
-                 o["wq"].get<int>(), o["rwq_ind_table"].get<int>(), o["qp"].get<int>(), o["mr"].get<int>());
+      fmt::print(": {} PD, {} CQ, {} WQ, {} RWQ_IND_TABLE, {} QP, {} SRQ, {} MR, {} MW, {} AH\n", o["pd"].get<int>(),
+                 o["cq"].get<int>(), o["wq"].get<int>(), o["rwq_ind_table"].get<int>(), o["qp"].get<int>(),
+                 o["srq"].get<int>(), o["mr"].get<int>(), o["mw"].get<int>(), o["ah"].get<int>());
       for (const auto& w : cj["wqs"])
         fmt::print("    WQ {:#x}: {} max_wr {} max_sge {}\n", w["wq_num"].get<uint32_t>(),
                    w["state"].get<std::string>(), w["max_wr"].get<uint32_t>(), w["max_sge"].get<uint32_t>());

@@ -158,6 +158,58 @@ class Verbs : public ::testing::Test {
 
 // ------------------------------------------------------------ ibv_create_wq
 
+// The other objects `shmrdma status` lists: QPs, SRQs, MRs, memory windows
+// (entries of the MR table, counted apart) and AHs, counted from the segment
+// and the registry, and gone once destroyed.
+TEST_F(Verbs, StatusCountsQpSrqMrMwAh) {
+  auto objects = [] {
+    nlohmann::json st = Home::get().status();
+    for (const auto& d : st["devices"])
+      for (const auto& p : d["processes"])
+        if (p.value("pid", -1LL) == ::getpid()) return p["objects"];
+    ADD_FAILURE() << "this process is not listed by shmrdma status:\n" << st.dump(2);
+    return nlohmann::json{};
+  };
+  auto expect = [&](int qp, int srq, int mr, int mw, int ah) {
+    nlohmann::json o = objects();
+    EXPECT_EQ(o.value("qp", -1), qp) << o.dump();
+    EXPECT_EQ(o.value("srq", -1), srq) << o.dump();
+    EXPECT_EQ(o.value("mr", -1), mr) << o.dump();
+    EXPECT_EQ(o.value("mw", -1), mw) << o.dump();
+    EXPECT_EQ(o.value("ah", -1), ah) << o.dump();
+  };
+  expect(0, 0, 0, 0, 0);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq_;
+  qa.recv_cq = cq_;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = ibv_create_qp(pd_, &qa);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &sa);
+  ASSERT_NE(srq, nullptr) << std::strerror(errno);
+  std::vector<char> buf(4096);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_1);
+  ASSERT_NE(mw, nullptr) << std::strerror(errno);
+  ibv_ah_attr aa{};
+  aa.dlid = 1;
+  aa.port_num = 1;
+  ibv_ah* ah = ibv_create_ah(pd_, &aa);
+  ASSERT_NE(ah, nullptr) << std::strerror(errno);
+  expect(1, 1, 1, 1, 1);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  expect(0, 0, 0, 0, 0);
+}
+
 TEST_F(Verbs, CreateWqMaxWrZeroIsEinval) {
   ibv_wq_init_attr a = wq_attr(0, 1);
   errno = 0;
