@@ -599,6 +599,9 @@ def build_probes(cc: str) -> dict[str, str]:
         if not os.path.exists(binp) or os.path.getmtime(binp) < os.path.getmtime(path):
             compiler = cc if src.endswith(".c") else os.environ.get("CXX", "c++")
             cmd = [compiler, "-O2", "-Wall", "-Wextra", "-o", binp, path]
+            with open(path, encoding="utf-8") as f:
+                if "<infiniband/verbs.h>" in f.read():
+                    cmd.append("-libverbs")  # a verbs probe (qp_memory), run under `shmrdma run`
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if r.returncode != 0:
                 raise SystemExit(f"probe build failed: {' '.join(cmd)}\n{r.stdout}")
@@ -628,10 +631,11 @@ def sched_prefix(args) -> list[str]:
     return ["nice", "-n", str(args.nice)] if args.nice else []
 
 
-def run_probe(args, argv: list[str], timeout: float = 60) -> tuple[dict[str, float], str]:
+def run_probe(args, argv: list[str], timeout: float = 60,
+              env: dict[str, str] | None = None) -> tuple[dict[str, float], str]:
     p = subprocess.Popen(["timeout", "-k", "2", str(int(timeout))] + sched_prefix(args) + argv,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         stdin=subprocess.DEVNULL)
+                         stdin=subprocess.DEVNULL, env=env)
     boost(args, p.pid)
     try:
         out, err = p.communicate(timeout=timeout + 5)
@@ -1400,6 +1404,12 @@ def main(argv=None) -> int:
     if rc != 0:
         report.notes.append(f"`shmrdma up` failed: {tail(out)}")
         log(report.notes[-1])
+    elif "qp_memory" in probes:
+        # Memory per idle RC QP with perftest's default queue sizes.
+        vals, err = run_probe(args, [shmrdma, "run", probes["qp_memory"]], timeout=30, env=env)
+        report.probes.append((0, "qp_memory", vals, err))
+        log(f"memory per idle RC QP: {fmt(vals.get('qp_mem_bytes_write_bw'))} B (ib_write_bw depths), "
+            f"{fmt(vals.get('qp_mem_bytes_send_bw'))} B (ib_send_bw depths)")
 
     total = sum(len(keys) for _n, keys in plan.groups) * args.rounds
     done = 0
