@@ -416,7 +416,11 @@ class LocalContext {
   bool counting_ = false;                 // open() completed: close folds the counts and refreshes sysfs
   uint32_t attention_seen_ = 0;
   std::atomic<uint32_t> polls_{0};
-  std::atomic<const void*> warm_rq_slot_{nullptr};  // transport.cc deliver / progress_all
+  // Cache hints (progress_all prefetches both for writing while we poll):
+  // the peer's receive slot our next send reads and releases (deliver), and
+  // our own receive slot the next post fills (post_recv, post_srq_recv).
+  std::atomic<const void*> warm_rq_slot_{nullptr};
+  std::atomic<const void*> warm_post_slot_{nullptr};
   std::atomic<uint64_t> last_liveness_ns_{0};
   PeerCache peers_;
   Peer self_peer_;

@@ -192,6 +192,10 @@ int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t 
   uint32_t st = qp->state();
   if (st == IBV_QPS_RESET) return EINVAL;
   if (int rc = post_recv_wqe(qp->rq, wr_id, sges, num_sge)) return rc;
+  // The slot the next post fills was last written by the initiator that
+  // released it: progress_all fetches its line for writing while we poll,
+  // so the next post (and the fence after it) does not wait for it.
+  warm_post_slot_.store(qp->rq.slot_address(qp->rq.producer_position()), std::memory_order_relaxed);
   wake_initiator(qp);  // cq.cc: a peer's send may wait for this receive (RNR)
   if (qp->state() == IBV_QPS_ERR) {
     // Receives posted to a QP in the error state complete with a flush error.

@@ -458,6 +458,11 @@ class Ring {
   // cache hints only: nothing may be read through it without the protocol.
   const void* slot_address(uint32_t pos) const noexcept { return slot_addr(pos); }
 
+  // Where producers stand (a hint: the next slot a producer will fill).
+  uint32_t producer_position() const noexcept {
+    return shared_->producer_pos.load(std::memory_order_relaxed);
+  }
+
   // Where the single consumer stands (to tell a stall from progress).
   uint32_t consumer_position() const noexcept {
     return shared_->consumer_pos.load(std::memory_order_relaxed);

@@ -1136,6 +1136,7 @@ void LocalContext::progress_all() noexcept {
   // A hint: the receive WQE our next send will read (a peer's ring stays
   // mapped while we know it, and a prefetch never faults anyway).
   if (const void* w = warm_rq_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w, 1);
+  if (const void* w = warm_post_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w, 1);
   auto* h = header();
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
   // Every 1024th call, and at most every 200 ms, look for dead peers.
