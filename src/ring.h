@@ -471,30 +471,8 @@ class Ring {
   // Claim the next published slot (MPMC-safe). On success read the payload
   // at handle.payload (untrusted bytes!), then release(handle).
   RingResult try_claim() noexcept {
-    assert(attached());
-    // Relaxed: hint only, decided by seq (A1) and the CAS.
-    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
-      RingSlotHeader* h = header(pos);
-      // A1 pairs with R1: the producer's payload writes are visible.
-      const uint32_t seq = h->seq.load(std::memory_order_acquire);
-      const int32_t dist = distance(seq, pos + 1);
-      if (dist == 0) {
-        // Relaxed: ticket only (see try_reserve).
-        if (shared_->consumer_pos.compare_exchange_weak(
-                pos, pos + 1, std::memory_order_relaxed,
-                std::memory_order_relaxed)) {
-          return {RingStatus::ok, handle(pos)};
-        }
-      } else if (dist < 0) {
-        // Not yet published for this lap.
-        return {RingStatus::empty, {}};
-      } else {
-        // Another consumer already took `pos`. Relaxed: hint only.
-        pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-      }
-    }
-    return {RingStatus::contended, {}};
+    // Relaxed CAS: ticket only (see try_reserve).
+    return claim([](uint32_t) {}, std::memory_order_relaxed);
   }
 
   // try_claim for a consumer that leaves a trace of what it claims (a
@@ -505,30 +483,9 @@ class Ring {
   // (claimed_unreleased + release_cas) and the loser of the CAS learns it.
   template <typename F>
   RingResult try_claim_announced(F&& announce) noexcept {
-    assert(attached());
-    // Relaxed: hint only, decided by seq (A1) and the CAS (see try_claim).
-    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
-      RingSlotHeader* h = header(pos);
-      // A1 pairs with R1.
-      const uint32_t seq = h->seq.load(std::memory_order_acquire);
-      const int32_t dist = distance(seq, pos + 1);
-      if (dist == 0) {
-        announce(pos);
-        // Release on success: the announcement is visible to whoever sees
-        // consumer_pos past pos (claimed_unreleased). Ticket otherwise.
-        if (shared_->consumer_pos.compare_exchange_weak(
-                pos, pos + 1, std::memory_order_release,
-                std::memory_order_relaxed)) {
-          return {RingStatus::ok, handle(pos)};
-        }
-      } else if (dist < 0) {
-        return {RingStatus::empty, {}};
-      } else {
-        pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-      }
-    }
-    return {RingStatus::contended, {}};
+    // Release on success: the announcement is visible to whoever sees
+    // consumer_pos past pos (claimed_unreleased).
+    return claim(announce, std::memory_order_release);
   }
 
   // Whether position pos is claimed and not released: its slot's seq is
@@ -634,6 +591,35 @@ class Ring {
         capacity_(capacity),
         mask_(capacity - 1),
         stride_(stride) {}
+
+  // The MPMC claim loop of try_claim and try_claim_announced: announce(pos)
+  // runs before every CAS on consumer_pos, which uses `success` as its order
+  // on success (relaxed on failure: the refreshed position is a hint).
+  template <typename F>
+  RingResult claim(F&& announce, std::memory_order success) noexcept {
+    assert(attached());
+    // Relaxed: hint only, decided by seq (A1) and the CAS.
+    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      RingSlotHeader* h = header(pos);
+      // A1 pairs with R1: the producer's payload writes are visible.
+      const uint32_t seq = h->seq.load(std::memory_order_acquire);
+      const int32_t dist = distance(seq, pos + 1);
+      if (dist == 0) {
+        announce(pos);
+        if (shared_->consumer_pos.compare_exchange_weak(pos, pos + 1, success, std::memory_order_relaxed)) {
+          return {RingStatus::ok, handle(pos)};
+        }
+      } else if (dist < 0) {
+        // Not yet published for this lap.
+        return {RingStatus::empty, {}};
+      } else {
+        // Another consumer already took `pos`. Relaxed: hint only.
+        pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+      }
+    }
+    return {RingStatus::contended, {}};
+  }
 
   static bool valid_arguments(const RingShared* shared, const void* slots,
                               uint32_t capacity, uint32_t stride) noexcept {
