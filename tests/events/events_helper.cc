@@ -458,7 +458,8 @@ void run_node() {
       std::string ids;
       for (auto& c : w) {
         CHECK(c.status == IBV_WC_SUCCESS, "completion status %d (%s)", c.status, ibv_wc_status_str(c.status));
-        ids += " " + std::to_string(c.wr_id);
+        ids += ' ';  // appended piecewise: `" " + std::to_string(n)` trips GCC 12's -Wrestrict at -O3
+        ids += std::to_string(c.wr_id);
       }
       say("POLLED%s", ids.c_str());
     } else if (cmd == "QUIT") {
