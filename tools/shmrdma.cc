@@ -21,6 +21,7 @@
 #include "proc.h"
 #include "registry.h"
 #include "segment.h"
+#include "shmrdma_config.h"
 
 namespace {
 
@@ -35,36 +36,74 @@ std::string dirname_of(const std::string& p) {
 
 bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
 
+std::string self_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  buf[n] = '\0';
+  return dirname_of(buf);
+}
+
+// <prefix>/<bindir>/shmrdma -> <prefix>
+std::string install_prefix() {
+  std::string prefix = self_dir();
+  std::string bindir = SHMRDMA_BINDIR;
+  for (size_t i = 0; i <= bindir.size(); ++i)
+    if (i == bindir.size() || bindir[i] == '/') prefix = dirname_of(prefix);
+  return prefix;
+}
+
 // The plugin is found relative to this executable, so a private --prefix
 // install (or the build tree) works without configuration.
 std::string plugin_dir() {
   if (const char* d = std::getenv("SHMRDMA_PROVIDER_DIR"); d && *d) return d;
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  std::string exe_dir = dirname_of(buf);
-  std::string build_tree = dirname_of(exe_dir) + "/providers/shmrdma";
+  std::string build_tree = dirname_of(self_dir()) + "/providers/shmrdma";
   if (exists(build_tree + "/" + kPluginFile)) return build_tree;
-  // <prefix>/<bindir>/shmrdma -> <prefix>/<plugin_subdir>
-  std::string prefix = exe_dir;
-  std::string bindir = SHMRDMA_BINDIR;
-  for (size_t i = 0; i <= bindir.size(); ++i)
-    if (i == bindir.size() || bindir[i] == '/') prefix = dirname_of(prefix);
-  return prefix + "/" + SHMRDMA_PLUGIN_SUBDIR;
+  return install_prefix() + "/" + SHMRDMA_PLUGIN_SUBDIR;
 }
 
 // The shim that makes completion channels work (tools/shim): next to the
-// plugin once installed, in tools/shim of the build tree.
+// plugin when SHMRDMA_PROVIDER_DIR names a directory holding both, in
+// <prefix>/<shim subdir> once installed, in tools/shim of the build tree.
 constexpr const char* kShimFile = "libshmrdma-shim.so";
 std::string shim_path() {
-  if (std::string p = plugin_dir() + "/" + kShimFile; exists(p)) return p;
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  std::string p = dirname_of(buf) + "/shim/" + kShimFile;
-  return exists(p) ? p : "";
+  for (const std::string& p : {plugin_dir() + "/" + kShimFile,
+                               install_prefix() + "/" + SHMRDMA_SHIM_SUBDIR + "/" + kShimFile,
+                               self_dir() + "/shim/" + kShimFile})
+    if (exists(p)) return p;
+  return "";
+}
+
+// Whether libibverbs loads our plugin by itself: a system install's driver
+// file says "driver <plugin_base>" (libibverbs/dynamic_driver.c reads lines
+// "driver NAME-OR-PATH", skipping blank lines and '#' comments). Only this
+// build's own plugin counts, so a build tree or a private prefix on a host
+// with the package installed still sets RDMAV_DRIVERS (libibverbs loads
+// those first, and the first provider that claims a device gets it).
+bool driver_file_loads(const std::string& plugin_base) {
+  const std::string driver_file = SHMRDMA_DRIVER_FILE;
+  if (driver_file.empty()) return false;
+  std::string text;
+  if (shmrdma::read_small_file(driver_file, &text) != 0) return false;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    std::vector<std::string> fields;
+    size_t i = 0;
+    while (i < line.size()) {
+      size_t b = line.find_first_not_of(" \t", i);
+      if (b == std::string::npos) break;
+      size_t e = line.find_first_of(" \t", b);
+      if (e == std::string::npos) e = line.size();
+      fields.push_back(line.substr(b, e - b));
+      i = e;
+    }
+    if (fields.size() >= 2 && fields[0] == "driver" && fields[1] == plugin_base) return true;
+  }
+  return false;
 }
 
 // LD_PRELOAD with the shim in front of what was there, after any sanitizer
@@ -112,15 +151,20 @@ struct Env {
   std::vector<std::pair<std::string, std::string>> vars;
 };
 
+// What a program needs to use the devices under `home`: the state home and
+// the sysfs tree always; RDMAV_DRIVERS unless the driver file of a system
+// install already loads this plugin; the shim in LD_PRELOAD.
 Env environment(const std::string& home) {
   Env e;
-  std::string drivers = plugin_dir() + "/libshmrdma";
-  if (const char* old = std::getenv("RDMAV_DRIVERS"); old && *old) {
-    std::string o = old;
-    if (o.find(drivers) == std::string::npos) drivers += ":" + o;
-    else drivers = o;
+  e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", home + "/sys"}};
+  if (std::string drivers = plugin_dir() + "/libshmrdma"; !driver_file_loads(drivers)) {
+    if (const char* old = std::getenv("RDMAV_DRIVERS"); old && *old) {
+      std::string o = old;
+      if (o.find(drivers) == std::string::npos) drivers += ":" + o;
+      else drivers = o;
+    }
+    e.vars.emplace_back("RDMAV_DRIVERS", drivers);
   }
-  e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", home + "/sys"}, {"RDMAV_DRIVERS", drivers}};
   if (std::string shim = shim_path(); !shim.empty()) e.vars.emplace_back("LD_PRELOAD", preload_with_shim(shim));
   return e;
 }
@@ -385,6 +429,7 @@ int cmd_port(const std::string& home, const std::string& name, uint32_t port, bo
 int main(int argc, char** argv) {
   CLI::App app{"shmrdma: a software RDMA device in user space, over shared memory"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("shmrdma ") + SHMRDMA_VERSION, "print the version and exit");
   std::string home = shmrdma::state_home();
   app.add_option("--home", home, "state directory (default: $SHMRDMA_HOME, /run/shmrdma for root, "
                                  "$XDG_RUNTIME_DIR/shmrdma otherwise)");
