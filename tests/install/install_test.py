@@ -131,9 +131,10 @@ def check_destdir():
         # A sanitizer build puts its runtime in front of the shim.
         preload = [p for p in got.get("LD_PRELOAD", "").split(":") if "/libasan.so" not in p]
         got["LD_PRELOAD"] = ":".join(preload)
-        want = {"SHMRDMA_HOME": home, "SYSFS_PATH": home + "/sys", "LD_PRELOAD": staged(e["SHMRDMA_SHIM"])}
-        if not driver:
-            want["RDMAV_DRIVERS"] = staged(provider)
+        # RDMAV_DRIVERS even for a system install: a driver file names the
+        # plugin at its final place, never this staged copy.
+        want = {"SHMRDMA_HOME": home, "SYSFS_PATH": home + "/sys", "LD_PRELOAD": staged(e["SHMRDMA_SHIM"]),
+                "RDMAV_DRIVERS": staged(provider)}
         if got != want:
             fail(f"installed shmrdma env printed {got}, expected {want}")
 
