@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 8;
+inline constexpr uint32_t kLayoutVersion = 9;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -141,9 +141,17 @@ struct DeviceRecord {
   uint64_t sys_image_guid;
   uint64_t created_unix_ns;
   uint32_t num_ports;
-  uint32_t reserved;
+  // Unique among the devices of one state home (1..kMaxHomeId, chosen by
+  // Registry::create): peers on other devices name this device by it (take
+  // holders in QpEntry, QpEntry::dest_device). src/directory.h.
+  uint32_t home_id;
   PortRecord ports[limits::kMaxPorts];
 };
+inline constexpr uint32_t kMaxHomeId = 0xfffffe;  // 24 bits (holder ids are home_id << 8 | slot; all ones: kNoIndex)
+// A take holder or a connection's far end, home-wide: (device, context slot).
+inline constexpr uint32_t make_holder(uint32_t home_id, uint32_t slot) { return (home_id << 8) | (slot & 0xff); }
+inline constexpr uint32_t holder_home_id(uint32_t holder) { return holder >> 8; }
+inline constexpr uint32_t holder_slot(uint32_t holder) { return holder & 0xff; }
 static_assert(sizeof(DeviceRecord) == 96 + 16 * limits::kMaxPorts);
 
 // One open verbs context. Slot state transitions (kFree -> kLive -> kFree)
@@ -348,7 +356,10 @@ struct QpEntry {
   uint8_t port;
   uint8_t min_rnr_timer;
   uint32_t qkey;
-  uint32_t reserved_w;
+  // The device of the home the path (DLID or DGID) resolved to at RTR
+  // (DeviceRecord::home_id; 0: none). An initiator delivers into this QP
+  // only when it is that device's QP named by dest_qpn (directory.h).
+  uint32_t dest_device;
   // The receive an initiator is delivering into this QP (transport.cc,
   // "receive takes"): rx_take is a counter << 2 | kTake* state; the holder is
   // the initiator's context slot and generation, and rx_take_wr_id the WQE it
@@ -359,6 +370,9 @@ struct QpEntry {
   // position the holder announced before each attempt to claim it (ring.h
   // try_claim_announced), so a holder that dies with the slot claimed and
   // unreleased leaves a trace of it and the slot can be adopted.
+  // rx_holder_slot is home-wide: make_holder(home id of the initiator's
+  // device, its context slot), so an initiator on another device of the
+  // home is checked for liveness in its own device's registry.
   std::atomic<uint32_t> rx_take;
   std::atomic<uint32_t> rx_holder_slot;
   std::atomic<uint32_t> rx_holder_generation;

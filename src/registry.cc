@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "channel.h"
+#include "directory.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -61,7 +62,11 @@ bool is_context_file(const char* name, size_t* base_len = nullptr) {
 
 }  // namespace
 
-int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out) noexcept {
+int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& record, Registry* out) noexcept {
+  layout::DeviceRecord device = record;
+  // Peers on other devices of the home name this one by its home id.
+  if (device.home_id == 0) device.home_id = choose_home_id(paths.home, paths.name);
+  if (device.home_id == 0) return ENOSPC;
   Mapping m;
   int rc = Mapping::create(paths.registry, layout::registry_size(), layout::SegmentKind::kRegistry, &m);
   if (rc) return rc;
@@ -97,7 +102,9 @@ int Registry::attach(const DevicePaths& paths, Registry* out) noexcept {
   layout::DeviceRecord d;
   std::memcpy(&d, &s->device, sizeof d);
   d.name[sizeof d.name - 1] = '\0';
-  if (d.num_ports < 1 || d.num_ports > limits::kMaxPorts || paths.name != d.name) return EPROTO;
+  if (d.num_ports < 1 || d.num_ports > limits::kMaxPorts || paths.name != d.name || d.home_id == 0 ||
+      d.home_id > layout::kMaxHomeId)
+    return EPROTO;
   Registry r;
   r.map_ = std::move(m);
   r.paths_ = paths;

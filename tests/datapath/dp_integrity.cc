@@ -925,15 +925,19 @@ uint64_t field(const std::string& out, const std::string& name) {
 }
 
 // Runs one worker pair; `mapped` false runs it with SHMRDMA_MAPPED=0 (the
-// CMA data mover instead of the mapped tier).
-void run_pair(bool mapped) {
+// CMA data mover instead of the mapped tier). `client_device` non-empty:
+// the client opens that device of the same home (the server stays on
+// shm0), so every operation crosses devices (peers found through the home's
+// device directory by LID).
+void run_pair(bool mapped, const std::string& client_device = "") {
   auto& home = dp::Home::get();
   const uint64_t seed = env_u64("DP_SEED", 20261129) + (mapped ? 0 : 1);
   const uint64_t ops = env_u64("DP_OPS", 4000);
   const uint64_t budget_ms = env_u64("DP_BUDGET_MS", 25000);
   const uint64_t min_ops = std::min<uint64_t>(ops, 400);
-  std::printf("seed %" PRIu64 " (DP_SEED=%" PRIu64 " reproduces), up to %" PRIu64 " ops or %" PRIu64 " ms, %s tier\n",
-              seed, seed - (mapped ? 0 : 1), ops, budget_ms, mapped ? "mapped" : "CMA");
+  std::printf("seed %" PRIu64 " (DP_SEED=%" PRIu64 " reproduces), up to %" PRIu64 " ops or %" PRIu64 " ms, %s tier%s%s\n",
+              seed, seed - (mapped ? 0 : 1), ops, budget_ms, mapped ? "mapped" : "CMA",
+              client_device.empty() ? "" : ", client on ", client_device.c_str());
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = self_exe();
@@ -943,7 +947,7 @@ void run_pair(bool mapped) {
                               "--budget-ms", std::to_string(budget_ms), "--min-ops", std::to_string(min_ops)});
   std::string old = dp::getenv_str("SHMRDMA_MAPPED");
   if (!mapped) ::setenv("SHMRDMA_MAPPED", "0", 1);
-  bool started = server.start(sargs, sv[0]) && client.start(cargs, sv[1]);
+  bool started = server.start(sargs, sv[0]) && dp::start_on(client, client_device, cargs, sv[1]);
   if (!mapped) {
     if (old.empty()) ::unsetenv("SHMRDMA_MAPPED");
     else ::setenv("SHMRDMA_MAPPED", old.c_str(), 1);
@@ -984,6 +988,14 @@ TEST(Integrity, RandomOperationsMappedTier) {
 TEST(Integrity, RandomOperationsCmaTier) {
   DP_REQUIRE_DEVICE();
   run_pair(false);
+}
+
+// Server on shm0, client on shm1 of the same home: RC between two devices.
+TEST(Integrity, RandomOperationsAcrossDevices) {
+  DP_REQUIRE_DEVICE();
+  std::string why;
+  ASSERT_TRUE(dp::Home::get().up_device("shm1", &why)) << why;
+  run_pair(true, "shm1");
 }
 
 }  // namespace
