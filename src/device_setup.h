@@ -33,6 +33,11 @@ int device_down(const std::string& home, const std::string& name, bool force, st
 int port_set_state(const std::string& home, const std::string& name, uint32_t port, bool active, int* notified,
                    std::string* why);
 
+// Writes a port event (IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
+// IBV_EVENT_GID_CHANGE; the port number is the element, as the kernel's) into
+// the async FIFO of every open context of the device. Returns how many got it.
+int raise_port_event(Registry& reg, uint32_t port, uint32_t event_type);
+
 // The counter files of the sysfs tree (ports/N/counters, ports/N/hw_counters)
 // are a snapshot: this reads the device's counters (Registry::read_counters)
 // and rewrites them (each file atomically). `shmrdma status`, `shmrdma
