@@ -297,7 +297,29 @@ std::vector<std::string> list_devices(const std::string& home) {
   return out;
 }
 
-int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why) {
+int rewrite_sysfs(Registry& reg, std::string* why) { return write_sysfs(reg.paths(), reg, why); }
+
+int apply_port_net(Registry& reg, uint32_t port, const PortNetView& v, PortNetChange* change, std::string* why) {
+  PortNetChange c;
+  if (int rc = reg.update_port_net(port, v, &c); rc) {
+    *why = std::string("cannot update the port record: ") + std::strerror(rc);
+    return rc;
+  }
+  // Registry first, then the files libibverbs reads, then the events: a
+  // process woken by an event reads the new table wherever it looks.
+  if (c.gids || c.state || c.other) {
+    if (int rc = write_sysfs(reg.paths(), reg, why); rc) return rc;
+  }
+  if (c.state) (void)refresh_counters(reg, nullptr);  // link_downed
+  if (c.gids) raise_port_event(reg, port, IBV_EVENT_GID_CHANGE);
+  if (c.state)
+    raise_port_event(reg, port, c.new_state == layout::kPortActive ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+  if (change) *change = c;
+  return 0;
+}
+
+int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why,
+              const RoceSpec* roce) {
   std::string reason;
   if (!valid_device_name(name, &reason)) {
     *why = "invalid device name '" + name + "': " + reason;
@@ -305,6 +327,14 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
   }
   if (ports > limits::kMaxPorts) {
     *why = "--ports must be between 1 and " + std::to_string(limits::kMaxPorts);
+    return EINVAL;
+  }
+  if (roce && ports > 1) {
+    *why = "a RoCE device (--netdev) has one port";
+    return EINVAL;
+  }
+  if (roce && roce->binding.link_layer != layout::kLinkLayerEthernet) {
+    *why = "internal error: a RoCE binding without the Ethernet link layer";
     return EINVAL;
   }
   DevicePaths p = device_paths(home, name);
@@ -324,6 +354,24 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     ::unlink(p.registry.c_str());
     rc = ENOENT;
   }
+  if (rc == 0 && roce) {
+    // The name is taken unless it is this very binding (then `up` repairs it).
+    const layout::NetBinding& have = reg.device().net;
+    const bool same = have.link_layer == layout::kLinkLayerEthernet && have.netns_dev == roce->binding.netns_dev &&
+                      have.netns_ino == roce->binding.netns_ino && have.ifindex == roce->binding.ifindex;
+    if (!same) {
+      *why = "the name " + name + " is already taken by " +
+             (have.link_layer == layout::kLinkLayerEthernet
+                  ? std::string("a RoCE device bound to ") + have.ifname +
+                        (have.netns_ino == roce->binding.netns_ino && have.netns_dev == roce->binding.netns_dev
+                             ? ""
+                             : " of another network namespace")
+                  : std::string("an InfiniBand device")) +
+             " (choose another --name, or `shmrdma down --name " + name + "` first)";
+      return EEXIST;
+    }
+    if ((rc = apply_port_net(reg, 1, roce->port, nullptr, why)) != 0) return rc;
+  }
   if (rc == 0) {
     if (ports != 0 && reg.device().num_ports != ports) {
       *why = "device " + name + " is already up with " + std::to_string(reg.device().num_ports) +
@@ -342,15 +390,27 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
     d.created_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-    std::set<uint16_t> taken = used_lids(home, name);
-    uint16_t lid = 1;
-    for (uint32_t i = 0; i < ports; ++i) {
-      while (taken.count(lid)) ++lid;
-      d.ports[i].lid = lid++;
-      d.ports[i].state = 4;  // IBV_PORT_ACTIVE
-      d.ports[i].port_guid = d.node_guid + i + 1;
+    std::vector<PortNetView> net;
+    if (roce) {
+      // rxe: node and port GUID are the EUI-64 of the MAC; no LID.
+      d.net = roce->binding;
+      d.node_guid = guid_from_mac(roce->binding.mac);
+      d.sys_image_guid = d.node_guid;
+      d.ports[0].lid = 0;
+      d.ports[0].state = layout::kPortActive;  // then derived from the link (Registry::update_port_net)
+      d.ports[0].port_guid = d.node_guid;
+      net.push_back(roce->port);
+    } else {
+      std::set<uint16_t> taken = used_lids(home, name);
+      uint16_t lid = 1;
+      for (uint32_t i = 0; i < ports; ++i) {
+        while (taken.count(lid)) ++lid;
+        d.ports[i].lid = lid++;
+        d.ports[i].state = 4;  // IBV_PORT_ACTIVE
+        d.ports[i].port_guid = d.node_guid + i + 1;
+      }
     }
-    rc = Registry::create(p, d, &reg);
+    rc = Registry::create(p, d, &reg, roce ? &net : nullptr);
     if (rc == EEXIST) rc = attach_settled(p, &reg);  // someone else won the race
     if (rc) {
       *why = "cannot create the registry " + p.registry + ": " + std::strerror(rc);
