@@ -1,13 +1,22 @@
-// Address resolution, the one seam between an address (LID, later GID) and
-// a device of the home, its port and, through the QPN, a QP in that
-// device's registry (directory.h). RC/UC resolve their path at RTR, UD the
-// address vector of each send (cached per QP while it does not change),
-// multicast looks at every device's groups.
+// Address resolution, the one seam between an address (LID or GID) and a
+// device of the home, its port and, through the QPN, a QP in that device's
+// registry (directory.h). RC/UC resolve their path at RTR, UD the address
+// vector of each send (cached per QP while it does not change), multicast
+// looks at every device's groups.
+//
+// InfiniBand devices are found by DLID (LIDs are unique across a home). On an
+// Ethernet port (RoCE) the LID is 0 and the GRH is mandatory: the DGID is
+// looked up in the GID tables of every Ethernet device of the home,
+// including devices bound to interfaces of other network namespaces that
+// share it. A match stays valid while neither GID table changes (each
+// port's seqlock value, one load per send); a GID that left the target's
+// table makes the next send resolve again and find nobody.
 #include <time.h>
 
 #include <cstring>
 
 #include "context.h"
+#include "gid_table.h"
 
 namespace shmrdma {
 
@@ -24,9 +33,53 @@ bool LocalContext::same_address(const AddressVector& a, const AddressVector& b) 
          a.sgid_index == b.sgid_index && (!a.is_global || std::memcmp(a.dgid, b.dgid, 16) == 0);
 }
 
-HomeDevice* LocalContext::resolve_address(const AddressVector& av, uint32_t* port) noexcept {
-  *port = 0;
-  return dir_.by_lid(av.dlid, port);
+int LocalContext::check_ethernet_av(uint32_t port, bool is_global, uint32_t sgid_index) const noexcept {
+  if (!ethernet()) return 0;
+  if (!is_global) return EINVAL;  // RoCE: the GRH carries the address (rdma_check_ah_attr)
+  PortNetView v;
+  if (registry_.port_net(port, &v) != 0 || !v.valid(sgid_index)) return EINVAL;
+  return 0;
+}
+
+void LocalContext::resolve_address(const AddressVector& av, Resolved* r) noexcept {
+  *r = Resolved{};
+  if (!ethernet()) {
+    r->dev = dir_.by_lid(av.dlid, &r->port);
+    return;
+  }
+  if (!av.is_global) return;
+  const uint32_t sport = av.port_num ? av.port_num : 1;
+  PortNetView v;
+  uint8_t type = kGidTypeAny;
+  if (registry_.port_net(sport, &v) == 0 && v.valid(av.sgid_index)) {
+    type = v.gids[av.sgid_index].type;  // a v2 source reaches v2 entries (mlx5 lists each GID as v1 and v2)
+    std::memcpy(r->sgid, v.gids[av.sgid_index].gid, 16);
+    r->sgid_type = type;
+    r->own_seq = v.seq;  // the snapshot's: a later change makes destination_holds fail
+  } else {
+    return;  // our own source GID is gone: nothing can be sent
+  }
+  r->by_gid = true;
+  r->dev = dir_.by_gid(av.dgid, type, &r->port, &r->seq);
+}
+
+void LocalContext::set_destination(Qp* qp, const Resolved& r) noexcept {
+  qp->peer_dev = r.dev;
+  qp->peer_port = r.port;
+  qp->path_by_gid = r.by_gid;
+  qp->peer_gid_seq = r.seq;
+  qp->own_gid_seq = r.own_seq;
+  std::memcpy(qp->ud_sgid, r.sgid, 16);
+  qp->ud_sgid_type = r.sgid_type;
+}
+
+bool LocalContext::destination_holds(const Qp* qp) const noexcept {
+  const HomeDevice* d = qp->peer_dev;
+  if (!d || d->gone.load(std::memory_order_relaxed)) return false;
+  if (!qp->path_by_gid) return true;
+  const uint32_t sport = qp->attr.port_num ? qp->attr.port_num : 1;
+  return d->registry->port_net_seq(qp->peer_port) == qp->peer_gid_seq &&
+         registry_.port_net_seq(sport) == qp->own_gid_seq;
 }
 
 bool LocalContext::resolve_path(Qp* qp, bool now) noexcept {
@@ -39,16 +92,15 @@ bool LocalContext::resolve_path(Qp* qp, bool now) noexcept {
   AddressVector av;
   av.dlid = a.dlid;
   av.is_global = a.is_global;
-  av.port_num = a.port_num;
+  av.port_num = a.ah_port_num ? a.ah_port_num : a.port_num;
   av.sgid_index = a.grh.sgid_index;
   std::memcpy(av.dgid, a.grh.dgid.raw, 16);
-  uint32_t port = 0;
-  HomeDevice* d = resolve_address(av, &port);
-  qp->peer_dev = d;
-  qp->peer_port = port;
+  Resolved r;
+  resolve_address(av, &r);
+  set_destination(qp, r);
   // Published for peers that check whether we are connected to them.
-  qp->shared->dest_device = d ? d->home_id : 0;
-  return d != nullptr;
+  qp->shared->dest_device = r.dev ? r.dev->home_id : 0;
+  return r.dev != nullptr;
 }
 
 }  // namespace shmrdma

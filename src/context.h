@@ -382,11 +382,34 @@ class LocalContext {
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
-  // address.cc: the seam of address resolution. The device of the home and
-  // its port (1-based) an address vector names: by DLID on InfiniBand;
-  // nullptr when no device has it.
-  HomeDevice* resolve_address(const AddressVector& av, uint32_t* port) noexcept;
+  // address.cc: the seam of address resolution. Where an address vector
+  // leads: the device of the home and its port (1-based), by DLID on
+  // InfiniBand, by DGID on Ethernet (RoCE: the GID table of any device of
+  // the home, in any network namespace; then `by_gid`, and the match holds
+  // while that port's table keeps `seq`). dev nullptr: nobody has it. Also
+  // our own source GID (the vector's sgid_index) and its type, valid while
+  // our port's table keeps own_seq.
+  struct Resolved {
+    HomeDevice* dev = nullptr;
+    uint32_t port = 0;
+    bool by_gid = false;
+    uint32_t seq = 0;
+    uint8_t sgid[16] = {};
+    uint8_t sgid_type = 0;
+    uint32_t own_seq = 0;
+  };
+  void resolve_address(const AddressVector& av, Resolved* r) noexcept;
+  // Stores r into qp's cached destination (caller holds the send lock).
+  static void set_destination(Qp* qp, const Resolved& r) noexcept;
+  // Whether qp's cached destination still holds: its device is not gone and,
+  // found by GID, both GID tables are unchanged (two loads).
+  bool destination_holds(const Qp* qp) const noexcept;
   static bool same_address(const AddressVector& a, const AddressVector& b) noexcept;
+  bool ethernet() const noexcept { return registry_.device().net.link_layer == layout::kLinkLayerEthernet; }
+  // RoCE: the checks create_ah and modify_qp(IBV_QP_AV) make on an Ethernet
+  // port: a GRH is mandatory and sgid_index must name a valid entry of our
+  // port's table. 0 or EINVAL.
+  int check_ethernet_av(uint32_t port, bool is_global, uint32_t sgid_index) const noexcept;
   // RC/UC: resolves qp's path (attr) into qp->peer_dev / peer_port (caller
   // holds the send lock). Throttled unless `now`: a path nobody holds is
   // looked at again at most every millisecond. True when resolved.

@@ -133,6 +133,35 @@ HomeDevice* DeviceDirectory::by_lid(uint16_t lid, uint32_t* port) noexcept {
   return find_lid_locked(lid, port);
 }
 
+bool DeviceDirectory::gid_on(HomeDevice& d, const uint8_t gid[16], uint8_t type, uint32_t* port,
+                             uint32_t* seq) noexcept {
+  const layout::DeviceRecord& r = d.record();
+  if (r.net.link_layer != layout::kLinkLayerEthernet) return false;  // an IB GID is not a RoCE address
+  for (uint32_t p = 1; p <= r.num_ports && p <= limits::kMaxPorts; ++p) {
+    // The seq first: a match found under it holds while it does not change.
+    const uint32_t s = d.registry->port_net_seq(p);
+    uint32_t index = 0;
+    if ((s & 1) == 0 && d.registry->gid_index_of(p, gid, type, &index)) {
+      *port = p;
+      *seq = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+HomeDevice* DeviceDirectory::by_gid(const uint8_t gid[16], uint8_t type, uint32_t* port, uint32_t* seq) noexcept {
+  if (!self_) return nullptr;
+  if (gid_on(*self_, gid, type, port, seq)) return self_.get();
+  std::lock_guard lk(mu_);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& [name, d] : by_name_)
+      if (!d->self && !d->gone.load(std::memory_order_acquire) && gid_on(*d, gid, type, port, seq)) return d.get();
+    if (pass == 0) rescan_locked(false);
+  }
+  return nullptr;
+}
+
 HomeDevice* DeviceDirectory::by_id(uint32_t home_id) noexcept {
   if (!self_ || home_id == 0) return nullptr;
   if (home_id == self_id_) return self_.get();

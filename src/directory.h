@@ -54,6 +54,12 @@ class DeviceDirectory {
   // The device and port (1-based) whose LID is `lid` (unicast), the own
   // device first; nullptr when no device of the home has it.
   HomeDevice* by_lid(uint16_t lid, uint32_t* port) noexcept;
+  // RoCE: the Ethernet device and port whose GID table holds `gid` with a
+  // type matching `type` (layout::GidType or kGidTypeAny), the own device
+  // first; *seq: that port's GID table seqlock value when it was found (the
+  // match holds while Registry::port_net_seq returns it). The zero GID never
+  // matches. nullptr when no device of the home holds it.
+  HomeDevice* by_gid(const uint8_t gid[16], uint8_t type, uint32_t* port, uint32_t* seq) noexcept;
   // The device with this home id (nullptr: none, or gone).
   HomeDevice* by_id(uint32_t home_id) noexcept;
   // Every device currently known (after a rescan when `rescan`).
@@ -69,6 +75,7 @@ class DeviceDirectory {
  private:
   static constexpr uint64_t kMinRescanNs = 10'000'000;  // a miss on a data path rescans at most every 10 ms
   HomeDevice* find_lid_locked(uint16_t lid, uint32_t* port) noexcept;
+  static bool gid_on(HomeDevice& d, const uint8_t gid[16], uint8_t type, uint32_t* port, uint32_t* seq) noexcept;
   void rescan_locked(bool force) noexcept;
 
   std::string home_;

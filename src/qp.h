@@ -206,6 +206,13 @@ struct Qp {
   HomeDevice* peer_dev = nullptr;
   uint32_t peer_port = 0;
   uint64_t resolve_retry_ns = 0;  // RC/UC without peer_dev: when resolution was last tried
+  // RoCE (address.cc Resolved): peer_dev was found by GID and holds while
+  // its port's table keeps peer_gid_seq and ours own_gid_seq; ud_sgid: our
+  // source GID for the UD GRH area, of type ud_sgid_type.
+  bool path_by_gid = false;
+  uint32_t peer_gid_seq = 0, own_gid_seq = 0;
+  uint8_t ud_sgid[16] = {};
+  uint8_t ud_sgid_type = 0;
   AddressVector ud_av{};
   bool ud_av_valid = false;
   std::shared_ptr<Peer> peer;

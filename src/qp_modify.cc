@@ -207,11 +207,19 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > 0xffffff) return EINVAL;
   if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > 0xffffff) return EINVAL;
   if (mask & IBV_QP_AV) {
-    // The destination LID must be a port of some device of the home
-    // (directory.h; a GRH is accepted, the LID still routes).
-    uint32_t port = 0;
-    if (!dir_.by_lid(a.dlid, &port) && !a.is_global) return EINVAL;
     if (a.ah_port_num && a.ah_port_num > dev.num_ports) return EINVAL;
+    if (ethernet()) {
+      // RoCE: a GRH is mandatory and its sgid_index must name a valid
+      // entry of our port; the DGID is resolved at RTR (one nobody holds is
+      // an unreachable destination, not an error here).
+      const uint32_t port = a.ah_port_num ? a.ah_port_num : (mask & IBV_QP_PORT) ? a.port_num : qp->attr.port_num;
+      if (check_ethernet_av(port ? port : 1, a.is_global, a.grh.sgid_index)) return EINVAL;
+    } else {
+      // The destination LID must be a port of some device of the home
+      // (directory.h; a GRH is accepted, the LID still routes).
+      uint32_t port = 0;
+      if (!dir_.by_lid(a.dlid, &port) && !a.is_global) return EINVAL;
+    }
   }
 
   // Apply.

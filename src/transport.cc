@@ -19,6 +19,7 @@
 #include "async.h"
 #include "context.h"
 #include "count.h"
+#include "gid_table.h"
 #include "mover.h"
 #include "proc.h"
 
@@ -78,6 +79,58 @@ void port_gid(const layout::PortRecord& port, uint8_t out[16]) {
   uint64_t prefix = htobe64(0xfe80000000000000ull), guid = htobe64(port.port_guid);
   std::memcpy(out, &prefix, 8);
   std::memcpy(out + 8, &guid, 8);
+}
+
+bool v4_mapped(const uint8_t g[16]) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g, kPrefix, 12) == 0;
+}
+
+// A multicast GID on Ethernet: IPv6 multicast (ff00::/8), or an IPv4
+// multicast address mapped (::ffff:224.0.0.0/4).
+bool roce_multicast_gid(const uint8_t g[16]) { return g[0] == 0xff || (v4_mapped(g) && (g[12] & 0xf0) == 0xe0); }
+
+void put16(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+}
+
+// The 40-byte GRH area of a UD message received over RoCE, as rxe hands it
+// to the receiver and libibverbs' ibv_init_ah_from_wc parses it
+// (get_grh_header_version): RoCE v2 between two IPv4-mapped GIDs puts the
+// 20-byte IPv4 header at offset 20 (version 4, IHL 5, protocol UDP, a valid
+// header checksum) after 20 zero bytes; any other GID gets an IPv6 header
+// whose next header says the GID type (UDP 17 for RoCE v2, 0x1B for RoCE v1).
+// Lengths are those of the packet (UDP 8 + BTH 12 + DETH 8 [+ ImmDt 4] +
+// payload + ICRC 4).
+void build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgid_type, uint64_t len, bool imm,
+                    uint8_t grh[kGrhBytes]) {
+  std::memset(grh, 0, kGrhBytes);
+  const uint32_t transport = 12 + 8 + (imm ? 4 : 0) + static_cast<uint32_t>(len) + 4;
+  const bool v2 = sgid_type == layout::kGidTypeRoceV2;
+  if (v2 && v4_mapped(sgid) && v4_mapped(av.dgid)) {
+    uint8_t* ip = grh + 20;
+    ip[0] = 0x45;
+    ip[1] = av.traffic_class;
+    put16(ip + 2, 20 + 8 + transport);
+    put16(ip + 6, 0x4000);  // don't fragment
+    ip[8] = av.hop_limit;
+    ip[9] = 17;  // UDP
+    std::memcpy(ip + 12, sgid + 12, 4);
+    std::memcpy(ip + 16, av.dgid + 12, 4);
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    put16(ip + 10, ~sum & 0xffff);
+    return;
+  }
+  uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
+  std::memcpy(grh, &w0, 4);
+  put16(grh + 4, v2 ? 8 + transport : transport);
+  grh[6] = v2 ? 17 : 0x1b;
+  grh[7] = av.hop_limit;
+  std::memcpy(grh + 8, sgid, 16);
+  std::memcpy(grh + 24, av.dgid, 16);
 }
 
 }  // namespace
@@ -799,6 +852,14 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return Exec::kError;
   };
 
+  // A path found by GID holds while both GID tables keep their seqlock
+  // values (two loads); else it is resolved again, and a GID that left the
+  // target's table leaves the destination unreachable (retried, then
+  // IBV_WC_RETRY_EXC_ERR).
+  if (qp->path_by_gid && !destination_holds(qp)) {
+    (void)resolve_path(qp, true);
+    qp->peer.reset();
+  }
   if (!qp->peer || qp->peer->slot != layout::qpn_slot(a.dest_qp_num) || qp->peer->device != qp->peer_dev) {
     // The path's device (resolved at RTR; again when it is gone, or never
     // resolved: an unreachable destination is retried like a lost packet).
@@ -992,7 +1053,11 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   const layout::DeviceRecord& dev = registry_.device();
   const uint32_t nports = std::min<uint32_t>(dev.num_ports, limits::kMaxPorts);
   const AddressVector& av = s->av;
-  const bool multicast = av.dlid >= kMulticastLidFirst && av.dlid <= kMulticastLidLast;
+  // RoCE (Ethernet link layer): no LIDs, the GRH carries the address.
+  const bool eth = ethernet();
+  const bool multicast = eth ? av.is_global && roce_multicast_gid(av.dgid)
+                             : av.dlid >= kMulticastLidFirst && av.dlid <= kMulticastLidLast;
+  const bool imm = s->opcode == IBV_WR_SEND_WITH_IMM;
   const uint32_t qkey = (s->remote_qkey & 0x80000000u) ? qp->attr.qkey : s->remote_qkey;
   const uint32_t sport = std::clamp<uint32_t>(qp->attr.port_num, 1, nports);
 
@@ -1000,7 +1065,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   // left as zeros.
   uint8_t grh[kGrhBytes] = {};
   layout::Cqe cqe{};
-  if (av.is_global) {
+  if (av.is_global && !eth) {
     uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
     uint16_t paylen = htobe16(static_cast<uint16_t>(len));
     std::memcpy(grh, &w0, 4);
@@ -1011,6 +1076,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     std::memcpy(grh + 24, av.dgid, 16);
     cqe.wc_flags = IBV_WC_GRH;
   }
+  if (eth) cqe.wc_flags = IBV_WC_GRH;  // the area is written below, once the source GID is known
   cqe.src_qp = qp->qpn;
   cqe.slid = dev.ports[sport - 1].lid;
   cqe.sl = av.sl;
@@ -1035,7 +1101,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
       // record is a validated private copy).
       const uint32_t tport = t->port;
       if (tport != qp->peer_port) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
-      if (av.is_global) {
+      if (av.is_global && !eth) {  // (on Ethernet the DGID is what found the port)
         uint8_t gid[16];
         port_gid(peer.device->record().ports[tport - 1], gid);
         if (std::memcmp(gid, av.dgid, 16) != 0) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
@@ -1059,12 +1125,14 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     // The destination device and port of this address vector: resolved
     // when the vector differs from the last one this QP sent to, or its
     // device went away (directory.h).
-    if (!qp->ud_av_valid || !same_address(qp->ud_av, av) || !qp->peer_dev ||
-        qp->peer_dev->gone.load(std::memory_order_relaxed)) {
+    if (!qp->ud_av_valid || !same_address(qp->ud_av, av) || !destination_holds(qp)) {
       qp->ud_av = av;
       qp->ud_av_valid = true;
-      qp->peer_dev = resolve_address(av, &qp->peer_port);
+      Resolved r;
+      resolve_address(av, &r);
+      set_destination(qp, r);
     }
+    if (eth && qp->peer_dev) build_roce_grh(av, qp->ud_sgid, qp->ud_sgid_type, len, imm, grh);
     if (!qp->peer_dev) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: nobody has it
     // The cached peer is still that context while its registry slot keeps
     // the generation (a shared-memory read; Peer::alive reads /proc).
@@ -1075,10 +1143,19 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     return send_to(*qp->peer, rqpn, true);
   }
   if (!av.is_global) return Exec::kDone;  // a multicast packet carries a GRH naming its group
-  // Members may be on any device of the home: each keeps its groups in its registry.
+  if (eth) {
+    // Our source GID for the GRH area (a snapshot of our port's table).
+    PortNetView v;
+    if (registry_.port_net(sport, &v) != 0 || !v.valid(av.sgid_index)) return Exec::kDone;  // no source: dropped
+    build_roce_grh(av, v.gids[av.sgid_index].gid, v.gids[av.sgid_index].type, len, imm, grh);
+  }
+  // Members may be on any device of the home: each keeps its groups in its
+  // registry (on Ethernet groups are MGIDs alone: the LID is 0).
   layout::McastMember members[limits::kMaxMcastQpAttach];
+  const uint16_t mlid = eth ? 0 : av.dlid;
   for (HomeDevice* d : dir_.all(true)) {
-    uint32_t n = d->registry->mcast_members(av.dgid, av.dlid, members, limits::kMaxMcastQpAttach);
+    if ((d->record().net.link_layer == layout::kLinkLayerEthernet) != eth) continue;  // IB and RoCE never mix
+    uint32_t n = d->registry->mcast_members(av.dgid, mlid, members, limits::kMaxMcastQpAttach);
     for (uint32_t i = 0; i < n; ++i) {
       std::shared_ptr<Peer> peer = d->peers.get(*d, members[i].slot, self_peer_);
       if (!peer || peer->generation != members[i].generation) continue;
