@@ -56,6 +56,7 @@ void LocalContext::resolve_address(const AddressVector& av, Resolved* r) noexcep
     std::memcpy(r->sgid, v.gids[av.sgid_index].gid, 16);
     r->sgid_type = type;
     r->own_seq = v.seq;  // the snapshot's: a later change makes destination_holds fail
+    if (v.active_mtu >= 1 && v.active_mtu <= 5) r->own_mtu = 128u << v.active_mtu;  // enum ibv_mtu
   } else {
     return;  // our own source GID is gone: nothing can be sent
   }
@@ -71,6 +72,7 @@ void LocalContext::set_destination(Qp* qp, const Resolved& r) noexcept {
   qp->own_gid_seq = r.own_seq;
   std::memcpy(qp->ud_sgid, r.sgid, 16);
   qp->ud_sgid_type = r.sgid_type;
+  qp->ud_mtu = r.own_mtu;
 }
 
 bool LocalContext::destination_holds(const Qp* qp) const noexcept {

@@ -397,6 +397,7 @@ class LocalContext {
     uint8_t sgid[16] = {};
     uint8_t sgid_type = 0;
     uint32_t own_seq = 0;
+    uint32_t own_mtu = 0;  // Ethernet: our port's active MTU in bytes (a UD message's limit)
   };
   void resolve_address(const AddressVector& av, Resolved* r) noexcept;
   // Stores r into qp's cached destination (caller holds the send lock).

@@ -213,6 +213,7 @@ struct Qp {
   uint32_t peer_gid_seq = 0, own_gid_seq = 0;
   uint8_t ud_sgid[16] = {};
   uint8_t ud_sgid_type = 0;
+  uint32_t ud_mtu = 0;  // Ethernet: our port's active MTU (bytes), the largest UD message; 0: 4096
   AddressVector ud_av{};
   bool ud_av_valid = false;
   std::shared_ptr<Peer> peer;

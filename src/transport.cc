@@ -1132,6 +1132,12 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
       resolve_address(av, &r);
       set_destination(qp, r);
     }
+    // On Ethernet a UD message is one packet of the port's active MTU (the
+    // interface MTU by rxe's rule), as on IB it is at most 4096 bytes.
+    if (eth && qp->ud_mtu && len > qp->ud_mtu) {
+      *status = IBV_WC_LOC_LEN_ERR;
+      return Exec::kError;
+    }
     if (eth && qp->peer_dev) build_roce_grh(av, qp->ud_sgid, qp->ud_sgid_type, len, imm, grh);
     if (!qp->peer_dev) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: nobody has it
     // The cached peer is still that context while its registry slot keeps

@@ -265,6 +265,15 @@ int errors_worker() {
   ibv_wc wc = wait_wc(e.cq, "UD send to an unknown GID");
   REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2, "UD to an unknown GID: %s", dp::wc_str(wc).c_str());
   expect_silence(e.cq, "after the UD send");
+  // A UD message is one packet: at most the active MTU (1024 on a veth of
+  // MTU 1500).
+  ibv_port_attr pa{};
+  REQUIRE(ibv_query_port(e.ctx, 1, &pa) == 0 && pa.active_mtu == IBV_MTU_1024, "active_mtu %d, want 1024",
+          pa.active_mtu);
+  REQUIRE(post_send(ud, IBV_WR_SEND, e.sge(0, 1025), 3, ah, 0x10000) == 0, "UD post_send 1025 bytes");
+  wc = wait_wc(e.cq, "UD send over the MTU");
+  REQUIRE(wc.status == IBV_WC_LOC_LEN_ERR && wc.wr_id == 3, "UD send of 1025 bytes: %s, want LOC_LEN_ERR",
+          dp::wc_str(wc).c_str());
   std::printf("ERRORS OK\n");
   return 0;
 }
