@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential g++ meson ninja-build pkg-config
   libibverbs-dev ibverbs-utils ibverbs-providers rdma-core perftest
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libnl-3-dev libnl-route-3-dev iproute2
   python3 groff-base man-db
 )
 

@@ -18,6 +18,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   if (!c) return ENOMEM;
   int rc = Registry::attach(paths, &c->registry_);
   if (rc) return rc;
+  c->dir_.init(paths.home, &c->registry_);
+  if (!c->dir_.self()) return ENOMEM;
   std::string segment;
   rc = c->registry_.register_context(&c->slot_, &c->generation_, &segment);
   if (rc) return rc;
@@ -69,6 +71,9 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   if (rc) return rc;  // the destructor removes the segment and the slot
   c->self_peer_.async_path = c->map_.path() + kAsyncSuffix;
   c->self_peer_.segment_path = c->map_.path();
+  c->self_peer_.device = c->dir_.self();
+  c->self_peer_.registry = &c->registry_;
+  c->self_peer_.home_id = c->dir_.self_id();
   c->self_peer_.slot = c->slot_;
   c->self_peer_.generation = c->generation_;
   c->self_peer_.pid = self_process().pid;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "counters.h"
+#include "directory.h"
 #include "heap.h"
 #include "layout.h"
 #include "mover.h"
@@ -261,9 +262,10 @@ class LocalContext {
                       SrqInfo* out) noexcept;
   // transport.cc: the live XRC SRQ numbered `srqn` (in any context), with
   // the peer that owns it. nullptr when no such SRQ exists.
-  layout::SrqEntry* find_xrc_srq(uint32_t srqn, std::shared_ptr<Peer>* cache, Peer** owner) noexcept;
-  // A receive taken from an XRC SRQ for QP entry t completes in that SRQ's CQ.
-  void push_xrc_recv_cqe(uint32_t srqn, const layout::Cqe& c) noexcept;
+  // dev: the device whose registry the SRQ number refers to.
+  layout::SrqEntry* find_xrc_srq(HomeDevice* dev, uint32_t srqn, std::shared_ptr<Peer>* cache, Peer** owner) noexcept;
+  // A receive taken from an XRC SRQ (of device dev) completes in that SRQ's CQ.
+  void push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layout::Cqe& c) noexcept;
   // Callers hold mu_. An SRQ a new QP of `pd` may use: live, same PD.
   bool srq_usable(uint32_t srq, uint32_t pd) const noexcept;
   void srq_ref(uint32_t srq, int delta) noexcept;
@@ -380,6 +382,39 @@ class LocalContext {
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
+  // address.cc: the seam of address resolution. Where an address vector
+  // leads: the device of the home and its port (1-based), by DLID on
+  // InfiniBand, by DGID on Ethernet (RoCE: the GID table of any device of
+  // the home, in any network namespace; then `by_gid`, and the match holds
+  // while that port's table keeps `seq`). dev nullptr: nobody has it. Also
+  // our own source GID (the vector's sgid_index) and its type, valid while
+  // our port's table keeps own_seq.
+  struct Resolved {
+    HomeDevice* dev = nullptr;
+    uint32_t port = 0;
+    bool by_gid = false;
+    uint32_t seq = 0;
+    uint8_t sgid[16] = {};
+    uint8_t sgid_type = 0;
+    uint32_t own_seq = 0;
+    uint32_t own_mtu = 0;  // Ethernet: our port's active MTU in bytes (a UD message's limit)
+  };
+  void resolve_address(const AddressVector& av, Resolved* r) noexcept;
+  // Stores r into qp's cached destination (caller holds the send lock).
+  static void set_destination(Qp* qp, const Resolved& r) noexcept;
+  // Whether qp's cached destination still holds: its device is not gone and,
+  // found by GID, both GID tables are unchanged (two loads).
+  bool destination_holds(const Qp* qp) const noexcept;
+  static bool same_address(const AddressVector& a, const AddressVector& b) noexcept;
+  bool ethernet() const noexcept { return registry_.device().net.link_layer == layout::kLinkLayerEthernet; }
+  // RoCE: the checks create_ah and modify_qp(IBV_QP_AV) make on an Ethernet
+  // port: a GRH is mandatory and sgid_index must name a valid entry of our
+  // port's table. 0 or EINVAL.
+  int check_ethernet_av(uint32_t port, bool is_global, uint32_t sgid_index) const noexcept;
+  // RC/UC: resolves qp's path (attr) into qp->peer_dev / peer_port (caller
+  // holds the send lock). Throttled unless `now`: a path nobody holds is
+  // looked at again at most every millisecond. True when resolved.
+  bool resolve_path(Qp* qp, bool now) noexcept;
   void flush_qp(Qp* qp) noexcept;
   bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
   // cq.cc: the producer protocol of CqEntry shared by push_cqe and push_peer_cqe.
@@ -409,7 +444,7 @@ class LocalContext {
   // wrote that poll_cq handed out (flush_qp: was a dead initiator's
   // completion delivered?).
   std::unique_ptr<std::atomic<uint8_t>[]> last_recv_tag_;
-  bool context_dead(uint32_t slot, uint32_t generation) noexcept;
+  bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   CounterSink cnt_;                       // per-port counters (counters.h); UD drops are counted there
@@ -422,8 +457,15 @@ class LocalContext {
   std::atomic<const void*> warm_rq_slot_{nullptr};
   std::atomic<const void*> warm_post_slot_{nullptr};
   std::atomic<uint64_t> last_liveness_ns_{0};
-  PeerCache peers_;
+  // Every device of the home (directory.h): peers are (device, slot).
+  DeviceDirectory dir_;
   Peer self_peer_;
+  // Home-wide identity of this context as a take holder (layout.h make_holder).
+  uint32_t holder_id() const noexcept { return layout::make_holder(dir_.self_id(), slot_); }
+  // The peer context owning QPN qpn on device dev (mapped on first use).
+  std::shared_ptr<Peer> peer_of(HomeDevice* dev, uint32_t qpn) noexcept {
+    return dev ? dev->peers.get(*dev, layout::qpn_slot(qpn), self_peer_) : nullptr;
+  }
   uint32_t mr_hint_ = 0;  // where the search for a free MR slot starts
   // Windows: their private state (mrs_ entries of window kind) changes under
   // mw_mu_, taken after mu_ when both are needed (execute may run under mu_

@@ -1,4 +1,5 @@
 #include "counters.h"
+#include "directory.h"
 
 #include <sched.h>
 
@@ -181,6 +182,9 @@ void configure(CounterSink& k, Qp* qp) noexcept {
   q.port = static_cast<uint8_t>(std::clamp<uint32_t>(a.port_num, 1, n));
   const uint32_t dp = k.lid_port(a.dlid);
   q.rport = dp ? static_cast<uint8_t>(dp) : q.port;  // a GRH-only path: the QP's own port
+  // A destination on another device of the home counts there, not for one
+  // of our ports: an invalid port makes group() give nothing (not counted).
+  if (qp->peer_dev && !qp->peer_dev->self) q.rport = kNotCounted;
   q.mtu_shift = qp->qp_type == IBV_QPT_UD
                     ? 12
                     : static_cast<uint8_t>(7 + std::clamp<uint32_t>(a.path_mtu, IBV_MTU_256, IBV_MTU_4096));

@@ -59,6 +59,10 @@ std::vector<NamedCounter> ib_counters(const PortCounters& c);
 std::vector<NamedCounter> hw_counters(const PortCounters& c);
 
 // The private counting state of one QP (in Qp; touched under its send lock).
+// A port number no device has: group() returns nothing for it (rport of a
+// destination on another device of the home, which is not counted here).
+inline constexpr uint8_t kNotCounted = 0xff;
+
 struct QpCounting {
   layout::QpCounterRecord* rec = nullptr;
   uint8_t port = 1;        // the QP's port (group kGroupLocal)

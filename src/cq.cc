@@ -263,12 +263,14 @@ void LocalContext::wake_initiator(Qp* qp) noexcept {
   if (!waiting.load(std::memory_order_relaxed) || !waiting.exchange(0, std::memory_order_relaxed)) return;
   const uint32_t qpn = qp->attr.dest_qp_num;
   std::shared_ptr<Peer> peer;
+  HomeDevice* dev = nullptr;
   {
     // The peer our own sends use, when it is that context (no registry read).
     std::lock_guard sq(qp->sq_lock);
-    if (qp->peer && qp->peer->slot == layout::qpn_slot(qpn)) peer = qp->peer;
+    dev = qp->peer_dev;
+    if (qp->peer && qp->peer->slot == layout::qpn_slot(qpn) && qp->peer->device == dev) peer = qp->peer;
   }
-  if (!peer) peer = peers_.get(registry_, layout::qpn_slot(qpn), self_peer_);
+  if (!peer) peer = peer_of(dev, qpn);
   if (!peer) return;
   layout::QpEntry* q = peer->qp(layout::qpn_index(qpn));
   if (!q || q->state.load(std::memory_order_acquire) != layout::kLive || q->qpn != qpn) return;  // A1 / R1

@@ -17,6 +17,7 @@
 #include <infiniband/verbs.h>
 
 #include "async.h"
+#include "gid_table.h"
 
 namespace shmrdma {
 
@@ -55,15 +56,6 @@ int remove_tree(const std::string& path) {
     return ::rmdir(path.c_str()) == 0 ? 0 : errno;
   }
   return ::unlink(path.c_str()) == 0 ? 0 : errno;
-}
-
-std::string gid_string(uint64_t prefix, uint64_t iface) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04x:%04x:%04x:%04x:%04x:%04x:%04x:%04x",
-                unsigned(prefix >> 48) & 0xffff, unsigned(prefix >> 32) & 0xffff, unsigned(prefix >> 16) & 0xffff,
-                unsigned(prefix) & 0xffff, unsigned(iface >> 48) & 0xffff, unsigned(iface >> 32) & 0xffff,
-                unsigned(iface >> 16) & 0xffff, unsigned(iface) & 0xffff);
-  return buf;
 }
 
 uint64_t random_guid() {
@@ -115,7 +107,53 @@ void remove_stale_uverbs(const DevicePaths& p) {
   for (const auto& s : stale) remove_tree(dir + "/" + s);
 }
 
-int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string* why) {
+// The kernel's rate_show: "<rate> Gb/sec (<width>X<speed name>)".
+std::string rate_text(uint32_t width, uint32_t speed) {
+  int w = width == 1 ? 1 : width == 16 ? 2 : width == 2 ? 4 : width == 4 ? 8 : width == 8 ? 12 : 1;
+  int tenths = 25;
+  const char* name = "";
+  switch (speed) {
+    case 2: tenths = 50, name = " DDR"; break;
+    case 4: tenths = 100, name = " QDR"; break;
+    case 8: tenths = 100, name = " FDR10"; break;
+    case 16: tenths = 140, name = " FDR"; break;
+    case 32: tenths = 250, name = " EDR"; break;
+    case 64: tenths = 500, name = " HDR"; break;
+    case 128: tenths = 1000, name = " NDR"; break;
+    default: break;
+  }
+  tenths *= w;
+  return std::to_string(tenths / 10) + (tenths % 10 ? ".5" : "") + " Gb/sec (" + std::to_string(w) + "X" + name + ")";
+}
+
+// The files of one port that follow its live record (state, rate, GID
+// table). libibverbs reads GIDs only from these files: they are the table
+// libibverbs sees, the registry's PortNet is the table our data path sees,
+// and every writer of one rewrites the other right after (the registry first).
+void write_port_files(Writer& w, const DevicePaths& p, const layout::DeviceRecord& d, uint32_t port,
+                      const PortNetView& v) {
+  const std::string pd = p.ibdev_dir + "/ports/" + std::to_string(port);
+  const bool eth = d.net.link_layer == layout::kLinkLayerEthernet;
+  const bool active = v.state == layout::kPortActive;
+  w.file(pd + "/state", active ? "4: ACTIVE" : "1: DOWN");
+  w.file(pd + "/phys_state", active ? "5: LinkUp" : "3: Disabled");
+  w.file(pd + "/rate", rate_text(v.active_width, v.active_speed));
+  for (uint32_t g = 0; g < limits::kGidTableLen; ++g) {
+    const std::string i = std::to_string(g);
+    static const uint8_t kZero[16] = {};
+    w.file(pd + "/gids/" + i, gid_full_text(v.valid(g) ? v.gids[g].gid : kZero));
+    // Every index has a type file (libibverbs fails the query without one);
+    // an empty slot reads as the kernel's default.
+    w.file(pd + "/gid_attrs/types/" + i, gid_type_sysfs_name(v.valid(g) ? v.gids[g].type : uint8_t{layout::kGidTypeIb}));
+    // The netdev of each RoCE entry (resolved with if_nametoindex in the
+    // reader's namespace); empty for IB and for empty slots.
+    w.file(pd + "/gid_attrs/ndevs/" + i, eth && v.valid(g) ? std::string(v.ifname) : std::string());
+  }
+}
+
+int write_sysfs(const DevicePaths& p, const Registry& reg, std::string* why) {
+  const layout::DeviceRecord& d = reg.device();
+  const bool eth = d.net.link_layer == layout::kLinkLayerEthernet;
   remove_stale_uverbs(p);
   Writer w;
   w.dir(p.uverbs_dir);
@@ -142,24 +180,27 @@ int write_sysfs(const DevicePaths& p, const layout::DeviceRecord& d, std::string
     w.dir(pd + "/gid_attrs/ndevs");
     w.dir(pd + "/pkeys");
     char lid[16];
-    std::snprintf(lid, sizeof lid, "0x%x", port.lid);
+    std::snprintf(lid, sizeof lid, "0x%x", eth ? 0 : port.lid);
     w.file(pd + "/lid", lid);
     w.file(pd + "/lid_mask_count", "0");
-    w.file(pd + "/sm_lid", "0x1");
+    w.file(pd + "/sm_lid", eth ? "0x0" : "0x1");
     w.file(pd + "/sm_sl", "0");
-    const bool active = port.state != layout::kPortDown;
-    w.file(pd + "/state", active ? "4: ACTIVE" : "1: DOWN");
-    w.file(pd + "/phys_state", active ? "5: LinkUp" : "3: Disabled");
-    w.file(pd + "/rate", "100 Gb/sec (4X EDR)");
-    w.file(pd + "/link_layer", "InfiniBand");
-    w.file(pd + "/cap_mask", "0x00000000");
-    // The GID table is these files: libibverbs reads GIDs only from sysfs.
-    for (uint32_t g = 0; g < limits::kGidTableLen; ++g) {
-      w.file(pd + "/gids/" + std::to_string(g), g == 0 ? gid_string(0xfe80000000000000ull, port.port_guid)
-                                                         : gid_string(0, 0));
-      w.file(pd + "/gid_attrs/types/" + std::to_string(g), "IB/RoCE v1");
-    }
+    w.file(pd + "/link_layer", eth ? "Ethernet" : "InfiniBand");
+    w.file(pd + "/cap_mask", eth ? "0x00010000" : "0x00000000");  // RoCE: IB_PORT_CM_SUP, as rxe
+    PortNetView v;
+    if (int rc = reg.port_net(i + 1, &v); rc && !w.rc) w.rc = rc;
+    if (!w.rc) write_port_files(w, p, d, i + 1, v);
     for (uint32_t k = 0; k < limits::kPkeyTableLen; ++k) w.file(pd + "/pkeys/" + std::to_string(k), "0xffff");
+  }
+  if (eth) {
+    // device/net/<ifname>: where pyverbs and others look for the netdev.
+    // Rewritten whole, since the interface may have been renamed.
+    remove_tree(p.ibdev_dir + "/device/net");
+    PortNetView v;
+    if (reg.port_net(1, &v) == 0 && v.ifname[0] && (v.link & layout::kLinkPresent)) {
+      w.dir(p.ibdev_dir + "/device/net/" + v.ifname);
+      w.file(p.ibdev_dir + "/device/net/" + v.ifname + "/ifindex", std::to_string(d.net.ifindex));
+    }
   }
   if (w.rc && why) *why = "cannot write the sysfs tree under " + p.sysfs_root + ": " + std::strerror(w.rc);
   return w.rc;
@@ -216,6 +257,17 @@ int attach_settled(const DevicePaths& p, Registry* reg) {
 
 }  // namespace
 
+int raise_port_event(Registry& reg, uint32_t port, uint32_t event_type) {
+  int notified = 0;
+  for (const ContextInfo& c : reg.live_contexts()) {
+    int fd = open_async_fifo_writer(reg.paths().device_dir + "/" + c.segment + kAsyncSuffix);
+    if (fd < 0) continue;
+    if (write_async_event(fd, event_type, port)) notified += 1;
+    ::close(fd);
+  }
+  return notified;
+}
+
 int refresh_counters(Registry& reg, std::vector<PortCounters>* out) {
   std::vector<PortCounters> c;
   if (int rc = reg.read_counters(&c)) return rc;
@@ -245,7 +297,29 @@ std::vector<std::string> list_devices(const std::string& home) {
   return out;
 }
 
-int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why) {
+int rewrite_sysfs(Registry& reg, std::string* why) { return write_sysfs(reg.paths(), reg, why); }
+
+int apply_port_net(Registry& reg, uint32_t port, const PortNetView& v, PortNetChange* change, std::string* why) {
+  PortNetChange c;
+  if (int rc = reg.update_port_net(port, v, &c); rc) {
+    *why = std::string("cannot update the port record: ") + std::strerror(rc);
+    return rc;
+  }
+  // Registry first, then the files libibverbs reads, then the events: a
+  // process woken by an event reads the new table wherever it looks.
+  if (c.gids || c.state || c.other) {
+    if (int rc = write_sysfs(reg.paths(), reg, why); rc) return rc;
+  }
+  if (c.state) (void)refresh_counters(reg, nullptr);  // link_downed
+  if (c.gids) raise_port_event(reg, port, IBV_EVENT_GID_CHANGE);
+  if (c.state)
+    raise_port_event(reg, port, c.new_state == layout::kPortActive ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+  if (change) *change = c;
+  return 0;
+}
+
+int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why,
+              const RoceSpec* roce) {
   std::string reason;
   if (!valid_device_name(name, &reason)) {
     *why = "invalid device name '" + name + "': " + reason;
@@ -253,6 +327,14 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
   }
   if (ports > limits::kMaxPorts) {
     *why = "--ports must be between 1 and " + std::to_string(limits::kMaxPorts);
+    return EINVAL;
+  }
+  if (roce && ports > 1) {
+    *why = "a RoCE device (--netdev) has one port";
+    return EINVAL;
+  }
+  if (roce && roce->binding.link_layer != layout::kLinkLayerEthernet) {
+    *why = "internal error: a RoCE binding without the Ethernet link layer";
     return EINVAL;
   }
   DevicePaths p = device_paths(home, name);
@@ -272,6 +354,24 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     ::unlink(p.registry.c_str());
     rc = ENOENT;
   }
+  if (rc == 0 && roce) {
+    // The name is taken unless it is this very binding (then `up` repairs it).
+    const layout::NetBinding& have = reg.device().net;
+    const bool same = have.link_layer == layout::kLinkLayerEthernet && have.netns_dev == roce->binding.netns_dev &&
+                      have.netns_ino == roce->binding.netns_ino && have.ifindex == roce->binding.ifindex;
+    if (!same) {
+      *why = "the name " + name + " is already taken by " +
+             (have.link_layer == layout::kLinkLayerEthernet
+                  ? std::string("a RoCE device bound to ") + have.ifname +
+                        (have.netns_ino == roce->binding.netns_ino && have.netns_dev == roce->binding.netns_dev
+                             ? ""
+                             : " of another network namespace")
+                  : std::string("an InfiniBand device")) +
+             " (choose another --name, or `shmrdma down --name " + name + "` first)";
+      return EEXIST;
+    }
+    if ((rc = apply_port_net(reg, 1, roce->port, nullptr, why)) != 0) return rc;
+  }
   if (rc == 0) {
     if (ports != 0 && reg.device().num_ports != ports) {
       *why = "device " + name + " is already up with " + std::to_string(reg.device().num_ports) +
@@ -290,15 +390,27 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
     d.created_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-    std::set<uint16_t> taken = used_lids(home, name);
-    uint16_t lid = 1;
-    for (uint32_t i = 0; i < ports; ++i) {
-      while (taken.count(lid)) ++lid;
-      d.ports[i].lid = lid++;
-      d.ports[i].state = 4;  // IBV_PORT_ACTIVE
-      d.ports[i].port_guid = d.node_guid + i + 1;
+    std::vector<PortNetView> net;
+    if (roce) {
+      // rxe: node and port GUID are the EUI-64 of the MAC; no LID.
+      d.net = roce->binding;
+      d.node_guid = guid_from_mac(roce->binding.mac);
+      d.sys_image_guid = d.node_guid;
+      d.ports[0].lid = 0;
+      d.ports[0].state = layout::kPortActive;  // then derived from the link (Registry::update_port_net)
+      d.ports[0].port_guid = d.node_guid;
+      net.push_back(roce->port);
+    } else {
+      std::set<uint16_t> taken = used_lids(home, name);
+      uint16_t lid = 1;
+      for (uint32_t i = 0; i < ports; ++i) {
+        while (taken.count(lid)) ++lid;
+        d.ports[i].lid = lid++;
+        d.ports[i].state = 4;  // IBV_PORT_ACTIVE
+        d.ports[i].port_guid = d.node_guid + i + 1;
+      }
     }
-    rc = Registry::create(p, d, &reg);
+    rc = Registry::create(p, d, &reg, roce ? &net : nullptr);
     if (rc == EEXIST) rc = attach_settled(p, &reg);  // someone else won the race
     if (rc) {
       *why = "cannot create the registry " + p.registry + ": " + std::strerror(rc);
@@ -309,7 +421,7 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
     *why = "cannot open the registry " + p.registry + ": " + std::strerror(rc);
     return rc;
   }
-  if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  if ((rc = write_sysfs(p, reg, why)) != 0) return rc;
   (void)refresh_counters(reg, nullptr);
   ensure_cdev(p, out);
   return 0;
@@ -329,21 +441,20 @@ int port_set_state(const std::string& home, const std::string& name, uint32_t po
     *why = "device " + name + " has " + std::to_string(reg.device().num_ports) + " port(s)";
     return EINVAL;
   }
-  if ((rc = reg.set_port_state(port, active ? layout::kPortActive : layout::kPortDown)) != 0) {
+  PortNetChange change;
+  if ((rc = reg.set_port_state(port, active ? layout::kPortActive : layout::kPortDown, &change)) != 0) {
     *why = std::string("cannot change the port state: ") + std::strerror(rc);
     return rc;
   }
-  if ((rc = write_sysfs(p, reg.device(), why)) != 0) return rc;
+  if ((rc = write_sysfs(p, reg, why)) != 0) return rc;
   (void)refresh_counters(reg, nullptr);  // link_downed
   // The event, port number as its element (as the kernel's descriptors), to
   // every open context (ibv_get_async_event in each of them).
-  for (const ContextInfo& c : reg.live_contexts()) {
-    int fd = open_async_fifo_writer(p.device_dir + "/" + c.segment + kAsyncSuffix);
-    if (fd < 0) continue;
-    if (write_async_event(fd, active ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, port))
-      *notified += 1;
-    ::close(fd);
-  }
+  // IB: always (what `shmrdma port` always did); RoCE: when the state changed
+  // (`port up` of a port whose interface is down leaves it down).
+  if (reg.device().net.link_layer == layout::kLinkLayerIb || change.state)
+    *notified = raise_port_event(reg, port, change.new_state == layout::kPortActive ? IBV_EVENT_PORT_ACTIVE
+                                                                                   : IBV_EVENT_PORT_ERR);
   return 0;
 }
 
@@ -363,6 +474,7 @@ int device_down(const std::string& home, const std::string& name, bool force, st
     *why = "device " + name + " is not up";
     return ENOENT;
   }
+  if (rc == 0) reg.retire();  // mappings other processes keep (GidDirectory) stop matching it
   remove_tree(p.uverbs_dir);
   remove_tree(p.ibdev_dir);
   remove_tree(p.device_dir);

@@ -17,11 +17,32 @@ struct UpResult {
   int reclaimed = 0;           // dead contexts cleaned up
 };
 
+// A RoCE device: the interface it is bound to (read by the caller, with
+// libnl: src/net/netif.h) and the first record of its port.
+struct RoceSpec {
+  layout::NetBinding binding;  // link_layer kLinkLayerEthernet, gid_layout, ifindex, mac, ifname, netns
+  PortNetView port;            // link state and GID table now
+};
+
 // Creates the device or, when it is already up, repairs what is missing
 // (sysfs files, device node) and reclaims dead contexts. ports == 0 means
-// "1 for a new device, whatever it has for an existing one". Returns 0 or errno
-// and an explanation in *why.
-int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why);
+// "1 for a new device, whatever it has for an existing one". `roce`: a RoCE
+// device bound to that interface (one port); an existing device of that name
+// must be the same binding (same namespace and ifindex), else EEXIST, and
+// its port record is refreshed from roce->port. Returns 0 or errno and an
+// explanation in *why.
+int device_up(const std::string& home, const std::string& name, uint32_t ports, UpResult* out, std::string* why,
+              const RoceSpec* roce = nullptr);
+
+// A port's record changed (the daemon saw the interface change, or `up`
+// refreshed it): publishes it (Registry::update_port_net), rewrites the
+// sysfs files that follow it, then raises IBV_EVENT_GID_CHANGE when the GID
+// table changed and IBV_EVENT_PORT_ACTIVE / IBV_EVENT_PORT_ERR when the port
+// state did, in every open context. *change (optional) says what changed.
+int apply_port_net(Registry& reg, uint32_t port, const PortNetView& v, PortNetChange* change, std::string* why);
+
+// Rewrites the whole sysfs tree of a device from its registry.
+int rewrite_sysfs(Registry& reg, std::string* why);
 
 // Removes a device. EBUSY (with the live pids in *why) while contexts are
 // open, unless force.
@@ -32,6 +53,11 @@ int device_down(const std::string& home, const std::string& name, bool force, st
 // context of the device. *notified: how many contexts got the event.
 int port_set_state(const std::string& home, const std::string& name, uint32_t port, bool active, int* notified,
                    std::string* why);
+
+// Writes a port event (IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
+// IBV_EVENT_GID_CHANGE; the port number is the element, as the kernel's) into
+// the async FIFO of every open context of the device. Returns how many got it.
+int raise_port_event(Registry& reg, uint32_t port, uint32_t event_type);
 
 // The counter files of the sysfs tree (ports/N/counters, ports/N/hw_counters)
 // are a snapshot: this reads the device's counters (Registry::read_counters)

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 8;
+inline constexpr uint32_t kLayoutVersion = 10;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -135,16 +135,100 @@ struct PortRecord {
 };
 static_assert(sizeof(PortRecord) == 16);
 
+// The personality of a device (fixed at creation). link_layer is the
+// ibv_port_attr value: kLinkLayerIb (LIDs, the default) or kLinkLayerEthernet
+// (RoCE: bound to a host network interface, GIDs from its addresses, GRH
+// mandatory). gid_layout says how the GID table is filled from the
+// interface's addresses (gid_table.h build_gid_table).
+enum LinkLayer : uint8_t { kLinkLayerIb = 1, kLinkLayerEthernet = 2 };  // = IBV_LINK_LAYER_*
+enum GidLayout : uint8_t { kGidLayoutIb = 0, kGidLayoutRxe = 1, kGidLayoutMlx5 = 2 };
+
+// The interface a RoCE device is bound to, as its creator saw it. The
+// network namespace is named by st_dev/st_ino of the creator's
+// /proc/self/ns/net; the ifindex is the interface's in that namespace (it
+// survives a rename). The current name, MTU and carrier are in PortNet.
+struct NetBinding {
+  uint64_t netns_dev;
+  uint64_t netns_ino;
+  uint32_t ifindex;
+  uint8_t link_layer;  // LinkLayer
+  uint8_t gid_layout;  // GidLayout
+  uint8_t mac[6];      // at creation: the GUIDs are its EUI-64
+  char ifname[16];     // at creation (IFNAMSIZ), NUL-terminated
+};
+static_assert(sizeof(NetBinding) == 48);
+
 struct DeviceRecord {
   char name[64];       // NUL-terminated ibdev name, e.g. "shm0"
   uint64_t node_guid;  // network byte order is applied at the verbs boundary
   uint64_t sys_image_guid;
   uint64_t created_unix_ns;
   uint32_t num_ports;
-  uint32_t reserved;
+  // Unique among the devices of one state home (1..kMaxHomeId, chosen by
+  // Registry::create): peers on other devices name this device by it (take
+  // holders in QpEntry, QpEntry::dest_device). src/directory.h.
+  uint32_t home_id;
   PortRecord ports[limits::kMaxPorts];
+  NetBinding net;      // link_layer kLinkLayerIb: only link_layer and gid_layout are meaningful
 };
-static_assert(sizeof(DeviceRecord) == 96 + 16 * limits::kMaxPorts);
+inline constexpr uint32_t kMaxHomeId = 0xfffffe;  // 24 bits (holder ids are home_id << 8 | slot; all ones: kNoIndex)
+// A take holder or a connection's far end, home-wide: (device, context slot).
+inline constexpr uint32_t make_holder(uint32_t home_id, uint32_t slot) { return (home_id << 8) | (slot & 0xff); }
+inline constexpr uint32_t holder_home_id(uint32_t holder) { return holder >> 8; }
+inline constexpr uint32_t holder_slot(uint32_t holder) { return holder & 0xff; }
+static_assert(sizeof(DeviceRecord) == 96 + 16 * limits::kMaxPorts + sizeof(NetBinding));
+static_assert(std::is_trivially_copyable_v<DeviceRecord>, "Registry::attach takes a private copy");
+
+// ------------------------------------------------------ GID table, per port
+//
+// The GID table and the link state of one port, live (they follow the
+// interface: the daemon rewrites them). Not in DeviceRecord, which is
+// copied privately at attach and holds what never changes; this changes, so
+// readers always read it here, through the seqlock:
+//   writer (the command or the daemon, holding the registry lock, so there
+//   is one writer at a time): seq.store(s + 1, relaxed); fence(release) (W0);
+//   fields with relaxed stores; seq.store(s + 2, release) (W1).
+//   reader: s1 = seq.load(acquire) (A pairs with W1), retry while odd;
+//   fields with relaxed loads; fence(acquire) (pairs with W0); s2 =
+//   seq.load(relaxed); the copy is whole when s1 == s2. Retries are bounded
+//   (gid_table.h read_port_net): a writer that died mid-update leaves seq odd
+//   and readers fail (EAGAIN) instead of spinning; the next writer repairs it.
+// Every field is untrusted when read: types are checked, names
+// NUL-terminated, indices bounded by kGidTableLen.
+enum GidType : uint8_t { kGidTypeIb = 0, kGidTypeRoceV1 = 1, kGidTypeRoceV2 = 2 };  // = IBV_GID_TYPE_*
+inline constexpr uint32_t kGidValid = 1u << 31;  // GidSlot::attr: the slot holds a GID; bits 7..0 its GidType
+
+struct GidSlot {
+  std::atomic<uint64_t> gid[2];  // the 16 GID bytes as they are on the wire, copied into two words
+  std::atomic<uint32_t> attr;    // kGidValid | GidType, or 0 for an empty slot
+  uint32_t reserved;
+};
+static_assert(sizeof(GidSlot) == 24);
+
+// PortNet::link bits. kLinkPresent: the interface exists (in the binding's
+// namespace); kLinkUp: it is administratively up (IFF_UP); kLinkCarrier: it
+// is running with carrier (IFF_RUNNING / IFF_LOWER_UP); kLinkAdminDown:
+// `shmrdma port down` holds the port down whatever the interface does.
+inline constexpr uint32_t kLinkPresent = 1u << 0, kLinkUp = 1u << 1, kLinkCarrier = 1u << 2,
+                          kLinkAdminDown = 1u << 3;
+
+struct PortNet {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> link;      // kLink* bits
+  std::atomic<uint32_t> ifmtu;     // the interface MTU in bytes (0: IB, or unknown)
+  std::atomic<uint32_t> speed_mbps;  // the interface speed (0: unknown)
+  std::atomic<uint64_t> ifname[2];   // current interface name, 16 bytes NUL-padded
+  std::atomic<uint64_t> mac;         // current MAC in the low 6 bytes (as on the wire)
+  std::atomic<uint32_t> phys_state;  // ibv_port_attr::phys_state (5 LinkUp, 3 Disabled, 2 Polling)
+  std::atomic<uint32_t> active_mtu;  // enum ibv_mtu derived from ifmtu (rxe's rule)
+  std::atomic<uint32_t> active_width;  // ibv_port_attr encodings
+  std::atomic<uint32_t> active_speed;
+  uint32_t reserved[2];
+  GidSlot gids[limits::kGidTableLen];
+};
+static_assert(offsetof(PortNet, gids) == kCacheLine);
+static_assert(sizeof(PortNet) == kCacheLine + sizeof(GidSlot) * limits::kGidTableLen);
+static_assert(std::is_standard_layout_v<PortNet>);
 
 // One open verbs context. Slot state transitions (kFree -> kLive -> kFree)
 // happen under the registry lock; `held` is written by the owner under the
@@ -201,12 +285,17 @@ struct RegistrySegment {
   // after their process died), and link_downed; indexed port - 1. Changed
   // and read under `lock`.
   alignas(kCacheLine) uint64_t port_counters[limits::kMaxPorts][kCounters];
+  // GID table and link state per port (index port - 1), seqlocked (see
+  // PortNet). Filled at creation for both personalities (IB: GID[0] =
+  // fe80::/64 + port GUID, type IB), so a device is found by GID alike.
+  alignas(kCacheLine) PortNet net[limits::kMaxPorts];
 };
 static_assert(std::is_standard_layout_v<RegistrySegment>);
 static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
 static_assert(offsetof(RegistrySegment, next_qpn) % kCacheLine == 0);
 static_assert(std::is_trivially_copyable_v<pthread_mutex_t>);
 static_assert(offsetof(RegistrySegment, port_counters) % kCacheLine == 0);
+static_assert(offsetof(RegistrySegment, net) % kCacheLine == 0);
 
 inline constexpr uint64_t registry_size() {
   return (sizeof(RegistrySegment) + kPageSize - 1) / kPageSize * kPageSize;
@@ -348,7 +437,10 @@ struct QpEntry {
   uint8_t port;
   uint8_t min_rnr_timer;
   uint32_t qkey;
-  uint32_t reserved_w;
+  // The device of the home the path (DLID or DGID) resolved to at RTR
+  // (DeviceRecord::home_id; 0: none). An initiator delivers into this QP
+  // only when it is that device's QP named by dest_qpn (directory.h).
+  uint32_t dest_device;
   // The receive an initiator is delivering into this QP (transport.cc,
   // "receive takes"): rx_take is a counter << 2 | kTake* state; the holder is
   // the initiator's context slot and generation, and rx_take_wr_id the WQE it
@@ -359,6 +451,9 @@ struct QpEntry {
   // position the holder announced before each attempt to claim it (ring.h
   // try_claim_announced), so a holder that dies with the slot claimed and
   // unreleased leaves a trace of it and the slot can be adopted.
+  // rx_holder_slot is home-wide: make_holder(home id of the initiator's
+  // device, its context slot), so an initiator on another device of the
+  // home is checked for liveness in its own device's registry.
   std::atomic<uint32_t> rx_take;
   std::atomic<uint32_t> rx_holder_slot;
   std::atomic<uint32_t> rx_holder_generation;

@@ -39,6 +39,8 @@ int LocalContext::create_ah(uint32_t pd, const AddressVector& av) noexcept {
   if (av.port_num < 1 || av.port_num > dev.num_ports) return EINVAL;
   if (av.sl > 15) return EINVAL;
   if (av.is_global && av.sgid_index >= limits::kGidTableLen) return EINVAL;
+  // RoCE: GRH mandatory, sgid_index a valid entry of our port (address.cc).
+  if (int rc = check_ethernet_av(av.port_num, av.is_global, av.sgid_index)) return rc;
   if (!av.is_global && av.dlid == 0) return EINVAL;  // LID 0 is reserved: without a GRH there is no address
   if (int rc = charge(layout::kObjAh, limits::kMaxAh)) return rc;
   pds_[pd].refs += 1;

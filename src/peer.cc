@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "async.h"
+#include "directory.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -33,7 +34,8 @@ void Peer::raise_async(uint32_t event_type, uint64_t token) noexcept {
   (void)write_async_event(async_fd, event_type, token);
 }
 
-std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Peer& self) noexcept {
+std::shared_ptr<Peer> PeerCache::get(HomeDevice& dev, uint32_t slot, const Peer& self) noexcept {
+  Registry& registry = *dev.registry;
   ContextInfo info;
   if (!registry.context_slot(slot, &info)) return nullptr;
   try {
@@ -42,13 +44,16 @@ std::shared_ptr<Peer> PeerCache::get(Registry& registry, uint32_t slot, const Pe
     if (it != peers_.end() && it->second->generation == info.generation && it->second->pid == static_cast<pid_t>(info.pid))
       return it->second;
     auto p = std::make_shared<Peer>();
+    p->device = &dev;
+    p->registry = &registry;
+    p->home_id = dev.home_id;
     p->slot = slot;
     p->generation = info.generation;
     p->pid = static_cast<pid_t>(info.pid);
     p->start_time = info.start_time;
     p->async_path = registry.paths().device_dir + "/" + info.segment + kAsyncSuffix;
     p->segment_path = registry.paths().device_dir + "/" + info.segment;
-    if (slot == self.slot && info.generation == self.generation) {
+    if (dev.self && slot == self.slot && info.generation == self.generation) {
       p->self_process = true;
       p->base = self.base;
       p->size = self.size;

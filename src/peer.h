@@ -22,6 +22,8 @@
 
 namespace shmrdma {
 
+struct HomeDevice;  // directory.h
+
 // The last ring a caller attached through Peer::ring, to skip validating
 // the same geometry again (a QP's target receive queue and CQ). Keyed by the
 // peer context and every untrusted value the view was built from; private to
@@ -39,6 +41,11 @@ struct Peer {
   Peer(const Peer&) = delete;
   Peer& operator=(const Peer&) = delete;
   ~Peer();
+  // A peer is named by (device, context slot): its device's registry holds
+  // the slot, and the QPNs it hands out are unique only there.
+  HomeDevice* device = nullptr;  // owned by the context's DeviceDirectory (outlives every Peer use)
+  Registry* registry = nullptr;  // device's registry
+  uint32_t home_id = 0;          // device's DeviceRecord::home_id
   uint32_t slot = 0;
   uint32_t generation = 0;
   pid_t pid = 0;
@@ -101,11 +108,12 @@ struct Peer {
 
 class PeerCache {
  public:
-  // Finds (maps on first use) the context in registry slot `slot`. `self`
-  // describes this context so that a QP connected to its own context needs
-  // no second mapping. Returns nullptr when the slot is free, the segment
-  // does not validate, or the process is gone.
-  std::shared_ptr<Peer> get(Registry& registry, uint32_t slot, const Peer& self) noexcept;
+  // Finds (maps on first use) the context in slot `slot` of device `dev`'s
+  // registry (each HomeDevice has its own cache). `self` describes this
+  // context so that a QP connected to its own context needs no second
+  // mapping. Returns nullptr when the slot is free, the segment does not
+  // validate, or the process is gone.
+  std::shared_ptr<Peer> get(HomeDevice& dev, uint32_t slot, const Peer& self) noexcept;
 
  private:
   std::mutex mu_;

@@ -133,8 +133,24 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
 }
 
 // Multicast (UD only; a multicast GID and LID, IBA 4.1.1 / 10.5).
+// On Ethernet (RoCE) a group is its MGID alone (IPv6 multicast ff00::/8 or
+// an IPv4 multicast address mapped, ::ffff:224.0.0.0/4); the LID is
+// ignored, as rxe and mlx5 do, and kept as 0.
+namespace {
+bool roce_mgid(const uint8_t g[16]) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return g[0] == 0xff || (std::memcmp(g, kPrefix, 12) == 0 && (g[12] & 0xf0) == 0xe0);
+}
+}  // namespace
+
 int LocalContext::attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept {
-  if (!qp || qp->qp_type != IBV_QPT_UD || gid[0] != 0xff || lid < 0xc000 || lid == 0xffff) return EINVAL;
+  if (!qp || qp->qp_type != IBV_QPT_UD) return EINVAL;
+  if (ethernet()) {
+    if (!roce_mgid(gid)) return EINVAL;
+    lid = 0;
+  } else if (gid[0] != 0xff || lid < 0xc000 || lid == 0xffff) {
+    return EINVAL;
+  }
   int rc = registry_.mcast_attach(gid, lid, slot_, generation_, qp->qpn);
   if (rc == 0) qp->mcast_attached = true;
   return rc;
@@ -142,7 +158,7 @@ int LocalContext::attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noex
 
 int LocalContext::detach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept {
   if (!qp || qp->qp_type != IBV_QPT_UD) return EINVAL;
-  return registry_.mcast_detach(gid, lid, slot_, generation_, qp->qpn);
+  return registry_.mcast_detach(gid, ethernet() ? 0 : lid, slot_, generation_, qp->qpn);
 }
 
 int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {

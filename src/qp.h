@@ -199,7 +199,23 @@ struct Qp {
   uint64_t busy_claim_since_ns = 0;  // since when its holder's announced slot is seen claimed (0: not seen)
   uint32_t busy_claim_pos = 0;
 
-  // Connection (from RTR).
+  // Connection (from RTR). peer_dev: the device of the home the path
+  // resolved to (directory.h; nullptr: not resolved yet), peer_port its
+  // port. UD: the device and port of the last address vector sent to
+  // (ud_av: that vector's address; resolved again when it changes).
+  HomeDevice* peer_dev = nullptr;
+  uint32_t peer_port = 0;
+  uint64_t resolve_retry_ns = 0;  // RC/UC without peer_dev: when resolution was last tried
+  // RoCE (address.cc Resolved): peer_dev was found by GID and holds while
+  // its port's table keeps peer_gid_seq and ours own_gid_seq; ud_sgid: our
+  // source GID for the UD GRH area, of type ud_sgid_type.
+  bool path_by_gid = false;
+  uint32_t peer_gid_seq = 0, own_gid_seq = 0;
+  uint8_t ud_sgid[16] = {};
+  uint8_t ud_sgid_type = 0;
+  uint32_t ud_mtu = 0;  // Ethernet: our port's active MTU (bytes), the largest UD message; 0: 4096
+  AddressVector ud_av{};
+  bool ud_av_valid = false;
   std::shared_ptr<Peer> peer;
   uint32_t remote_index = 0;
   std::shared_ptr<Peer> xrc_peer;  // XRC_SEND: the owner of the SRQ named last
@@ -213,7 +229,7 @@ struct Qp {
   // Mappings of peers' mapped-tier MRs this QP used last (lookups without a lock).
   struct MapCacheEntry {
     std::shared_ptr<PeerMapping> map;
-    uint32_t peer_slot = 0, peer_generation = 0;
+    uint32_t peer_slot = 0, peer_generation = 0, peer_home = 0;
     int memfd = -1;
     uint64_t map_id = 0;
   };

@@ -207,12 +207,19 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > 0xffffff) return EINVAL;
   if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > 0xffffff) return EINVAL;
   if (mask & IBV_QP_AV) {
-    // QPs connect within one device: the destination LID must be one of its
-    // ports (a GRH is accepted; its DGID must then be one of our GIDs).
-    bool found = false;
-    for (uint32_t p = 0; p < dev.num_ports; ++p) found |= dev.ports[p].lid == a.dlid;
-    if (!found && !a.is_global) return EINVAL;
     if (a.ah_port_num && a.ah_port_num > dev.num_ports) return EINVAL;
+    if (ethernet()) {
+      // RoCE: a GRH is mandatory and its sgid_index must name a valid
+      // entry of our port; the DGID is resolved at RTR (one nobody holds is
+      // an unreachable destination, not an error here).
+      const uint32_t port = a.ah_port_num ? a.ah_port_num : (mask & IBV_QP_PORT) ? a.port_num : qp->attr.port_num;
+      if (check_ethernet_av(port ? port : 1, a.is_global, a.grh.sgid_index)) return EINVAL;
+    } else {
+      // The destination LID must be a port of some device of the home
+      // (directory.h; a GRH is accepted, the LID still routes).
+      uint32_t port = 0;
+      if (!dir_.by_lid(a.dlid, &port) && !a.is_global) return EINVAL;
+    }
   }
 
   // Apply.
@@ -247,12 +254,16 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   e->min_rnr_timer = s.min_rnr_timer;
   e->port = s.port_num;
   e->qkey = s.qkey;
-  if (next == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
+  if ((next == IBV_QPS_RTR && cur == IBV_QPS_INIT) || (mask & IBV_QP_AV)) {
     e->dest_qpn = s.dest_qp_num;
     e->dlid = s.dlid;
-    // Find the peer now (it may not exist yet: the connection is then
-    // resolved on first use, as a packet to an absent QP would be retried).
-    qp->peer = peers_.get(registry_, layout::qpn_slot(s.dest_qp_num), self_peer_);
+    // The path's device of the home (written to e->dest_device before the
+    // state is published), then the peer (it may not exist yet: the
+    // connection is then resolved on first use, as a packet to an absent
+    // QP would be retried).
+    std::lock_guard sq(qp->sq_lock);
+    (void)resolve_path(qp, true);
+    qp->peer = peer_of(qp->peer_dev, s.dest_qp_num);
     qp->remote_index = layout::qpn_index(s.dest_qp_num);
   }
   if (next == IBV_QPS_RESET) {
@@ -269,6 +280,10 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     (void)reclaim_take(qp, &discarded_wr_id, &discarded_srqn);
     take_discard(e);
     qp->peer.reset();
+    qp->peer_dev = nullptr;
+    qp->peer_port = 0;
+    qp->ud_av_valid = false;
+    e->dest_device = 0;
     qp->rq_flushed = false;
     qp->attr = QpAttr{};
   }

@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "channel.h"
+#include "directory.h"
 #include "proc.h"
 
 namespace shmrdma {
@@ -61,7 +62,14 @@ bool is_context_file(const char* name, size_t* base_len = nullptr) {
 
 }  // namespace
 
-int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out) noexcept {
+int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& record, Registry* out,
+                     const std::vector<PortNetView>* net) noexcept {
+  layout::DeviceRecord device = record;
+  if (device.net.link_layer == 0) device.net.link_layer = layout::kLinkLayerIb;  // a zeroed record is IB
+  if (device.net.link_layer == layout::kLinkLayerIb) device.net.gid_layout = layout::kGidLayoutIb;
+  // Peers on other devices of the home name this one by its home id.
+  if (device.home_id == 0) device.home_id = choose_home_id(paths.home, paths.name);
+  if (device.home_id == 0) return ENOSPC;
   Mapping m;
   int rc = Mapping::create(paths.registry, layout::registry_size(), layout::SegmentKind::kRegistry, &m);
   if (rc) return rc;
@@ -80,11 +88,28 @@ int Registry::create(const DevicePaths& paths, const layout::DeviceRecord& devic
   s->next_qpn.store(limits::kFirstQpn, std::memory_order_relaxed);
   s->device = device;
   for (uint32_t i = 0; i < limits::kMaxContexts; ++i) s->contexts[i].state.store(layout::kFree, std::memory_order_relaxed);
-  m.publish();
   Registry r;
   r.map_ = std::move(m);
   r.paths_ = paths;
   r.device_ = device;
+  // The ports' records, before anyone can see the segment (no lock needed).
+  for (uint32_t p = 1; p <= device.num_ports && p <= limits::kMaxPorts; ++p) {
+    PortNetView v;
+    if (net && p <= net->size()) {
+      v = (*net)[p - 1];
+    } else {
+      // IB: GID[0] = fe80::/64 + port GUID.
+      v.valid_mask = 1;
+      v.gids[0].gid[0] = 0xfe;
+      v.gids[0].gid[1] = 0x80;
+      for (int b = 0; b < 8; ++b) v.gids[0].gid[8 + b] = static_cast<uint8_t>(device.ports[p - 1].port_guid >> (56 - 8 * b));
+      v.gids[0].type = layout::kGidTypeIb;
+    }
+    v.link &= ~layout::kLinkAdminDown;
+    if (device.ports[p - 1].state == layout::kPortDown) v.link |= layout::kLinkAdminDown;
+    r.write_net_locked(p, v, nullptr);
+  }
+  r.map_.publish();
   *out = std::move(r);
   return 0;
 }
@@ -97,7 +122,15 @@ int Registry::attach(const DevicePaths& paths, Registry* out) noexcept {
   layout::DeviceRecord d;
   std::memcpy(&d, &s->device, sizeof d);
   d.name[sizeof d.name - 1] = '\0';
-  if (d.num_ports < 1 || d.num_ports > limits::kMaxPorts || paths.name != d.name) return EPROTO;
+  if (d.num_ports < 1 || d.num_ports > limits::kMaxPorts || paths.name != d.name || d.home_id == 0 ||
+      d.home_id > layout::kMaxHomeId)
+    return EPROTO;
+  // The personality (untrusted like the rest).
+  const bool ib = d.net.link_layer == layout::kLinkLayerIb && d.net.gid_layout == layout::kGidLayoutIb;
+  const bool eth = d.net.link_layer == layout::kLinkLayerEthernet &&
+                   (d.net.gid_layout == layout::kGidLayoutRxe || d.net.gid_layout == layout::kGidLayoutMlx5);
+  if (!ib && !eth) return EPROTO;
+  d.net.ifname[sizeof d.net.ifname - 1] = '\0';
   Registry r;
   r.map_ = std::move(m);
   r.paths_ = paths;
@@ -212,16 +245,91 @@ uint8_t Registry::port_state(uint32_t port) const noexcept {
   return (s == layout::kPortDown || s == layout::kPortActive) ? s : layout::kPortActive;  // untrusted
 }
 
-int Registry::set_port_state(uint32_t port, uint8_t state) noexcept {
-  if (port < 1 || port > device_.num_ports || (state != layout::kPortDown && state != layout::kPortActive)) return EINVAL;
+int Registry::port_net(uint32_t port, PortNetView* out) const noexcept {
+  if (!valid()) return EINVAL;
+  return read_port_net(*seg(), device_.num_ports, port, out);
+}
+
+uint32_t Registry::port_net_seq(uint32_t port) const noexcept {
+  return valid() ? shmrdma::port_net_seq(*seg(), device_.num_ports, port) : 0;
+}
+
+bool Registry::gid_index_of(uint32_t port, const uint8_t gid[16], uint8_t type_filter, uint32_t* index) const noexcept {
+  PortNetView v;
+  return port_net(port, &v) == 0 && shmrdma::gid_index_of(v, gid, type_filter, index);
+}
+
+void Registry::write_net_locked(uint32_t port, PortNetView v, PortNetChange* change) noexcept {
+  PortNetView old;
+  const bool had_old = read_port_net(*seg(), device_.num_ports, port, &old) == 0;
+  const bool ethernet = device_.net.link_layer == layout::kLinkLayerEthernet;
+  constexpr uint32_t kRunning = layout::kLinkPresent | layout::kLinkUp | layout::kLinkCarrier;
+  if (!ethernet) v.link = (v.link & layout::kLinkAdminDown) | kRunning;  // an IB port has no interface
+  const bool active = (v.link & kRunning) == kRunning && !(v.link & layout::kLinkAdminDown);
+  v.state = active ? layout::kPortActive : layout::kPortDown;
+  v.phys_state = active ? 5 : 3;  // LinkUp : Disabled, as rxe
+  if (ethernet) {
+    v.active_mtu = rxe_active_mtu(v.ifmtu);
+    eth_speed_to_ib(v.speed_mbps, &v.active_width, &v.active_speed);
+  } else {
+    v.active_mtu = 5;     // IBV_MTU_4096
+    v.active_width = 2;   // 4X
+    v.active_speed = 32;  // EDR: 4X EDR reads as 100 Gb/s
+  }
+  const uint8_t prev_state = port_state(port);
+  // link_downed (IB LinkDownedCounter): an active port going down.
+  if (!active && prev_state == layout::kPortActive) seg()->port_counters[port - 1][layout::kCntLinkDowned] += 1;
+  write_port_net(*seg(), port, v);
+  device_.ports[port - 1].state = v.state;
+  if (change) {
+    change->new_state = v.state;
+    change->state = prev_state != v.state;
+    bool gids = !had_old || old.valid_mask != v.valid_mask;
+    for (uint32_t i = 0; i < limits::kGidTableLen && !gids; ++i)
+      gids = v.valid(i) && (old.gids[i].type != v.gids[i].type || std::memcmp(old.gids[i].gid, v.gids[i].gid, 16));
+    change->gids = gids;
+    change->other = !had_old || old.ifmtu != v.ifmtu || old.speed_mbps != v.speed_mbps ||
+                    std::strcmp(old.ifname, v.ifname) != 0 || std::memcmp(old.mac, v.mac, 6) != 0;
+  }
+}
+
+int Registry::update_port_net(uint32_t port, const PortNetView& v, PortNetChange* change) noexcept {
+  if (!valid() || port < 1 || port > device_.num_ports) return EINVAL;
   Guard g(*this);
   if (g.rc()) return g.rc();
-  // link_downed (IB LinkDownedCounter): an active port taken down.
-  if (state == layout::kPortDown && port_state(port) != layout::kPortDown)
-    seg()->port_counters[port - 1][layout::kCntLinkDowned] += 1;
-  std::atomic_ref<uint8_t>(seg()->device.ports[port - 1].state).store(state, std::memory_order_relaxed);
-  device_.ports[port - 1].state = state;
+  PortNetView next = v;
+  const uint32_t admin = seg()->net[port - 1].link.load(std::memory_order_relaxed) & layout::kLinkAdminDown;
+  next.link = (v.link & ~layout::kLinkAdminDown) | admin;
+  write_net_locked(port, next, change);
   return 0;
+}
+
+int Registry::set_port_state(uint32_t port, uint8_t state, PortNetChange* change) noexcept {
+  if (!valid() || port < 1 || port > device_.num_ports || (state != layout::kPortDown && state != layout::kPortActive))
+    return EINVAL;
+  Guard g(*this);
+  if (g.rc()) return g.rc();
+  PortNetView v;
+  // A record left odd by a dead writer is rewritten from what it holds.
+  if (int rc = read_port_net(*seg(), device_.num_ports, port, &v); rc == EAGAIN) v = PortNetView{};
+  else if (rc) return rc;
+  if (state == layout::kPortDown) v.link |= layout::kLinkAdminDown;
+  else v.link &= ~layout::kLinkAdminDown;
+  write_net_locked(port, v, change);
+  return 0;
+}
+
+void Registry::retire() noexcept {
+  if (!valid()) return;
+  Guard g(*this);
+  if (g.rc()) return;
+  for (uint32_t p = 1; p <= device_.num_ports; ++p) {
+    PortNetView v;
+    if (read_port_net(*seg(), device_.num_ports, p, &v) != 0) v = PortNetView{};
+    v.valid_mask = 0;
+    v.link = layout::kLinkAdminDown;
+    write_net_locked(p, v, nullptr);
+  }
 }
 
 // ------------------------------------------------------------- multicast

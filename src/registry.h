@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "counters.h"
+#include "gid_table.h"
 #include "layout.h"
 #include "paths.h"
 #include "segment.h"
@@ -17,6 +18,14 @@ namespace shmrdma {
 
 // Suffix of a context's async event FIFO, next to its segment file.
 inline constexpr const char* kAsyncSuffix = ".async";
+
+// What a writer of a port's record changed.
+struct PortNetChange {
+  bool gids = false;   // the GID table (IBV_EVENT_GID_CHANGE)
+  bool state = false;  // the port state (IBV_EVENT_PORT_ACTIVE / IBV_EVENT_PORT_ERR)
+  bool other = false;  // MTU, name, speed, MAC
+  uint8_t new_state = 0;
+};
 
 struct ContextInfo {
   uint32_t slot;
@@ -34,7 +43,10 @@ class Registry {
   Registry& operator=(Registry&&) noexcept = default;
 
   // Creates the registry file of a new device (EEXIST if there is one).
-  static int create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out) noexcept;
+  // `net` (one per port): the ports' GID tables and link state; without it
+  // each port gets the IB table (GID[0] = fe80::/64 + port GUID).
+  static int create(const DevicePaths& paths, const layout::DeviceRecord& device, Registry* out,
+                    const std::vector<PortNetView>* net = nullptr) noexcept;
   // Attaches to an existing registry; ENOENT if the device is not up.
   static int attach(const DevicePaths& paths, Registry* out) noexcept;
 
@@ -86,9 +98,38 @@ class Registry {
   uint32_t mcast_members(const uint8_t gid[16], uint16_t mlid, layout::McastMember* out, uint32_t max) noexcept;
 
   // A port's state (ibv_port_state), read live from the segment: `shmrdma
-  // port` changes it. port is 1-based; 0 for an invalid port.
+  // port` and (RoCE) the interface's link change it. port is 1-based; 0 for
+  // an invalid port.
   uint8_t port_state(uint32_t port) const noexcept;
-  int set_port_state(uint32_t port, uint8_t state) noexcept;
+  // `shmrdma port down|up`: holds the port down (kLinkAdminDown) or lets it
+  // follow its link again (RoCE: ACTIVE only while the interface is up with
+  // carrier). *change (optional) says what changed.
+  int set_port_state(uint32_t port, uint8_t state, PortNetChange* change = nullptr) noexcept;
+
+  // ---- GID table and link state (layout::PortNet, gid_table.h). Lock-free
+  // readers: safe from any process and thread, at connect/AH-creation time
+  // and per UD send alike (a copy of ~450 bytes, no system call).
+  // The live record of a port: 0, EINVAL (no such port), EAGAIN (a writer
+  // died mid-update and nobody repaired it yet).
+  int port_net(uint32_t port, PortNetView* out) const noexcept;
+  // Its seqlock value: unchanged since a snapshot means the snapshot still holds.
+  uint32_t port_net_seq(uint32_t port) const noexcept;
+  // Index of `gid` (type layout::GidType or kGidTypeAny) in the port's table.
+  bool gid_index_of(uint32_t port, const uint8_t gid[16], uint8_t type_filter, uint32_t* index) const noexcept;
+  // Writer (the command and the daemon): the interface as it is now (v.link
+  // without kLinkAdminDown, ifmtu, speed_mbps, ifname, mac, the GID table).
+  // Under the registry lock this keeps the admin bit, derives active_mtu,
+  // width/speed, phys_state and the port state (PortRecord::state), and
+  // publishes it all through the seqlock. *change (optional) says what
+  // changed, so the caller rewrites sysfs and raises the events.
+  int update_port_net(uint32_t port, const PortNetView& v, PortNetChange* change = nullptr) noexcept;
+  // Before a device's files go (`shmrdma down`): empties every GID table and
+  // takes the ports down, so that processes still mapping the old registry
+  // (a cached GID lookup) stop matching it.
+  void retire() noexcept;
+  // The mapped segment, for lock-free readers that keep their own cache
+  // (GidDirectory). Never null while valid().
+  const layout::RegistrySegment* segment() const noexcept { return seg(); }
 
   // Next QP/WQ number (24 bits, never 0 or 1).
   uint32_t alloc_qpn() noexcept;
@@ -109,6 +150,7 @@ class Registry {
   bool member_live(const layout::McastMember& m) const noexcept;
   void add_totals(const PortCounters* counts, uint32_t n) noexcept;  // caller holds the lock
   layout::McastGroup* find_group(const uint8_t gid[16], uint16_t mlid) noexcept;
+  void write_net_locked(uint32_t port, PortNetView v, PortNetChange* change) noexcept;  // caller holds the lock
 
   Mapping map_;
   DevicePaths paths_;

@@ -19,6 +19,7 @@
 #include "async.h"
 #include "context.h"
 #include "count.h"
+#include "gid_table.h"
 #include "mover.h"
 #include "proc.h"
 
@@ -80,6 +81,58 @@ void port_gid(const layout::PortRecord& port, uint8_t out[16]) {
   std::memcpy(out + 8, &guid, 8);
 }
 
+bool v4_mapped(const uint8_t g[16]) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g, kPrefix, 12) == 0;
+}
+
+// A multicast GID on Ethernet: IPv6 multicast (ff00::/8), or an IPv4
+// multicast address mapped (::ffff:224.0.0.0/4).
+bool roce_multicast_gid(const uint8_t g[16]) { return g[0] == 0xff || (v4_mapped(g) && (g[12] & 0xf0) == 0xe0); }
+
+void put16(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+}
+
+// The 40-byte GRH area of a UD message received over RoCE, as rxe hands it
+// to the receiver and libibverbs' ibv_init_ah_from_wc parses it
+// (get_grh_header_version): RoCE v2 between two IPv4-mapped GIDs puts the
+// 20-byte IPv4 header at offset 20 (version 4, IHL 5, protocol UDP, a valid
+// header checksum) after 20 zero bytes; any other GID gets an IPv6 header
+// whose next header says the GID type (UDP 17 for RoCE v2, 0x1B for RoCE v1).
+// Lengths are those of the packet (UDP 8 + BTH 12 + DETH 8 [+ ImmDt 4] +
+// payload + ICRC 4).
+void build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgid_type, uint64_t len, bool imm,
+                    uint8_t grh[kGrhBytes]) {
+  std::memset(grh, 0, kGrhBytes);
+  const uint32_t transport = 12 + 8 + (imm ? 4 : 0) + static_cast<uint32_t>(len) + 4;
+  const bool v2 = sgid_type == layout::kGidTypeRoceV2;
+  if (v2 && v4_mapped(sgid) && v4_mapped(av.dgid)) {
+    uint8_t* ip = grh + 20;
+    ip[0] = 0x45;
+    ip[1] = av.traffic_class;
+    put16(ip + 2, 20 + 8 + transport);
+    put16(ip + 6, 0x4000);  // don't fragment
+    ip[8] = av.hop_limit;
+    ip[9] = 17;  // UDP
+    std::memcpy(ip + 12, sgid + 12, 4);
+    std::memcpy(ip + 16, av.dgid + 12, 4);
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    put16(ip + 10, ~sum & 0xffff);
+    return;
+  }
+  uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
+  std::memcpy(grh, &w0, 4);
+  put16(grh + 4, v2 ? 8 + transport : transport);
+  grh[6] = v2 ? 17 : 0x1b;
+  grh[7] = av.hop_limit;
+  std::memcpy(grh + 8, sgid, 16);
+  std::memcpy(grh + 24, av.dgid, 16);
+}
+
 }  // namespace
 
 // The target's MR for `key` as a key of `kind` (lkey or rkey), checked
@@ -131,7 +184,8 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   const uint32_t ncache = static_cast<uint32_t>(qp->map_cache.size());
   for (uint32_t n = 0, i = qp->map_cache_last; n < ncache; ++n, i = (i + 1) % ncache) {
     auto& c = qp->map_cache[i];  // the entry that hit last time first
-    if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.memfd == memfd &&
+    if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.peer_home == peer.home_id &&
+        c.memfd == memfd &&
         c.map_id == map_id && c.map->start == map_start && c.map->len == map_len) {
       qp->map_cache_last = i;
       out->local = c.map->base + (out->host - map_start);
@@ -145,6 +199,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   slot.map = m;
   slot.peer_slot = peer.slot;
   slot.peer_generation = peer.generation;
+  slot.peer_home = peer.home_id;
   slot.memfd = memfd;
   slot.map_id = map_id;
   out->local = m->base + (out->host - map_start);
@@ -291,7 +346,7 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   if (reclaim_take(qp, &taken_wr_id, &taken_srqn)) {
     const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
     if (qp->qp_type == IBV_QPT_XRC_RECV)
-      push_xrc_recv_cqe(taken_srqn, c);
+      push_xrc_recv_cqe(dir_.self(), taken_srqn, c);
     else
       (void)push_cqe(qp->recv_cq, c);
   }
@@ -332,9 +387,13 @@ bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) 
   return true;
 }
 
-bool LocalContext::context_dead(uint32_t slot, uint32_t generation) noexcept {
-  if (slot == slot_ && generation == generation_) return false;
+// holder: home-wide (layout.h make_holder), so an initiator of another
+// device of the home is looked up in that device's registry.
+bool LocalContext::context_dead(uint32_t holder, uint32_t generation) noexcept {
+  const uint32_t home_id = layout::holder_home_id(holder), slot = layout::holder_slot(holder);
   ContextInfo info;
+  if (home_id != dir_.self_id()) return !dir_.context_live(home_id, slot, generation, &info);
+  if (slot == slot_ && generation == generation_) return false;
   return !registry_.context_slot(slot, &info) || info.generation != generation ||
          !process_alive(static_cast<pid_t>(info.pid), info.start_time);
 }
@@ -363,7 +422,7 @@ bool LocalContext::take_ring(Peer& peer, layout::QpEntry* t, uint32_t srqn, std:
                              Ring* out) noexcept {
   if (t->qp_type == IBV_QPT_XRC_RECV) {
     Peer* owner = nullptr;
-    layout::SrqEntry* se = find_xrc_srq(srqn, hold, &owner);
+    layout::SrqEntry* se = find_xrc_srq(peer.device, srqn, hold, &owner);
     return se && owner->ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, out);
   }
   if (t->srq_index != layout::kNoIndex) {
@@ -450,7 +509,7 @@ LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout
         if (now - qp->busy_claim_since_ns < 2'000'000'000ull) return TakeOver::kBusy;
         if (!xrc_t && srq_claim_live(peer, t, pos)) return TakeOver::kBusy;
       }
-      if (!take_transfer(t, v, slot_, generation_, nv)) return TakeOver::kBusy;
+      if (!take_transfer(t, v, holder_id(), generation_, nv)) return TakeOver::kBusy;
       if (!xrc_t || tsrqn == srqn) return TakeOver::kAdopted;
       // Another XRC SRQ's WQE: taken over like deliver does, then aborted.
       layout::RecvWqeHeader wqe;
@@ -462,7 +521,7 @@ LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout
         return TakeOver::kEnded;
       }
       if (take_complete_begin(t, taken)) {
-        push_xrc_recv_cqe(tsrqn, recv_status_cqe(wqe.wr_id, IBV_WC_REM_ABORT_ERR, t->qpn));
+        push_xrc_recv_cqe(peer.device, tsrqn, recv_status_cqe(wqe.wr_id, IBV_WC_REM_ABORT_ERR, t->qpn));
         take_done(t, taken);
       }
       return TakeOver::kEnded;
@@ -477,7 +536,7 @@ LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout
   if (st == layout::kTakeTaken) {
     const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, t->qpn);
     if (t->qp_type == IBV_QPT_XRC_RECV)
-      push_xrc_recv_cqe(tsrqn, c);  // the XRC SRQ's CQ
+      push_xrc_recv_cqe(peer.device, tsrqn, c);  // the XRC SRQ's CQ
     else
       (void)push_peer_cqe(peer, t->recv_cq, c);
   }
@@ -566,12 +625,12 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   const uint64_t len = s->length;
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
-  if (!take_reserve(t, slot_, generation_, &v)) {
+  if (!take_reserve(t, holder_id(), generation_, &v)) {
     switch (take_holder_dead(qp, peer, t, v, xrc ? xrc->srqn : layout::kNoIndex, &v)) {
       case TakeOver::kBusy: return Deliver::kBusy;
       case TakeOver::kAdopted: adopted = true; break;
       case TakeOver::kEnded:
-        if (!take_reserve(t, slot_, generation_, &v)) return Deliver::kBusy;
+        if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kBusy;
         break;
     }
   }
@@ -793,8 +852,19 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return Exec::kError;
   };
 
-  if (!qp->peer || qp->peer->slot != layout::qpn_slot(a.dest_qp_num)) {
-    qp->peer = peers_.get(registry_, layout::qpn_slot(a.dest_qp_num), self_peer_);
+  // A path found by GID holds while both GID tables keep their seqlock
+  // values (two loads); else it is resolved again, and a GID that left the
+  // target's table leaves the destination unreachable (retried, then
+  // IBV_WC_RETRY_EXC_ERR).
+  if (qp->path_by_gid && !destination_holds(qp)) {
+    (void)resolve_path(qp, true);
+    qp->peer.reset();
+  }
+  if (!qp->peer || qp->peer->slot != layout::qpn_slot(a.dest_qp_num) || qp->peer->device != qp->peer_dev) {
+    // The path's device (resolved at RTR; again when it is gone, or never
+    // resolved: an unreachable destination is retried like a lost packet).
+    if (!qp->peer_dev || qp->peer_dev->gone.load(std::memory_order_acquire)) (void)resolve_path(qp, false);
+    qp->peer = peer_of(qp->peer_dev, a.dest_qp_num);
     if (!qp->peer) return transport_wait();
   }
   Peer& peer = *qp->peer;
@@ -805,12 +875,14 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
       t->qp_type != want_type) {
     // The peer context we cached may have been replaced by a new one in the
-    // same slot: look again next time.
-    if (!peer.alive()) qp->peer.reset();
+    // same slot, or its device by a new one: look again next time.
+    if (!peer.alive() || peer.device->gone.load(std::memory_order_acquire)) qp->peer.reset();
     return transport_wait();
   }
   uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
-  if ((ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) || t->dest_qpn != qp->qpn)
+  // Connected to us: our QPN on our device (QPNs are unique per device only).
+  if ((ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE) || t->dest_qpn != qp->qpn ||
+      t->dest_device != dir_.self_id())
     return transport_wait();
   uint32_t tpd = t->pd_index;
   const uint32_t taccess = t->access;
@@ -825,7 +897,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   if (xrc) {
     const uint32_t srqn = s->xrc_srqn;
     Peer* owner = nullptr;
-    layout::SrqEntry* se = find_xrc_srq(srqn, &qp->xrc_peer, &owner);
+    layout::SrqEntry* se = find_xrc_srq(peer.device, srqn, &qp->xrc_peer, &owner);
     if (!se) return fail(IBV_WC_REM_INV_REQ_ERR);
     const uint64_t tdev = t->xrcd_dev, tino = t->xrcd_ino;
     if (se->xrcd_dev != tdev || se->xrcd_ino != tino) return fail(IBV_WC_REM_INV_REQ_ERR);
@@ -887,7 +959,9 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     } else {
       // CMA tier: read-modify-write under the device's striped atomic lock.
       uint32_t stripe = static_cast<uint32_t>((rm.host >> 3) ^ static_cast<uint64_t>(mpeer.pid) * 0x9e3779b9u);
-      if (registry_.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
+      // The target device's stripes: every RDMA atomic on this memory takes them.
+      Registry& areg = *mpeer.registry;
+      if (areg.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
       uint64_t next = 0;
       IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
       int rc = move_in(mpeer.pid, mpeer.self_process, &mine, 1, &theirs, 1);
@@ -902,7 +976,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
         IoVec nv{&next, 8};
         if (store) rc = move_out(mpeer.pid, mpeer.self_process, &nv, 1, &theirs, 1, false);
       }
-      registry_.unlock_atomic(stripe);
+      areg.unlock_atomic(stripe);
       if (rc) return move_failed(rc);
     }
     std::memcpy(local[0].base, &old, 8);
@@ -948,7 +1022,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       // A receiver whose context is gone fails the send. (A process that died
       // without closing it is found by check_peer's periodic look: /proc on
       // every retry of an RNR wait cost three syscalls each.)
-      if (!peer.self_process && !registry_.slot_is(peer.slot, peer.generation)) {
+      if (!peer.self_process && !peer.registry->slot_is(peer.slot, peer.generation)) {
         *status = IBV_WC_RETRY_EXC_ERR;
         return Exec::kError;
       }
@@ -979,7 +1053,11 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   const layout::DeviceRecord& dev = registry_.device();
   const uint32_t nports = std::min<uint32_t>(dev.num_ports, limits::kMaxPorts);
   const AddressVector& av = s->av;
-  const bool multicast = av.dlid >= kMulticastLidFirst && av.dlid <= kMulticastLidLast;
+  // RoCE (Ethernet link layer): no LIDs, the GRH carries the address.
+  const bool eth = ethernet();
+  const bool multicast = eth ? av.is_global && roce_multicast_gid(av.dgid)
+                             : av.dlid >= kMulticastLidFirst && av.dlid <= kMulticastLidLast;
+  const bool imm = s->opcode == IBV_WR_SEND_WITH_IMM;
   const uint32_t qkey = (s->remote_qkey & 0x80000000u) ? qp->attr.qkey : s->remote_qkey;
   const uint32_t sport = std::clamp<uint32_t>(qp->attr.port_num, 1, nports);
 
@@ -987,7 +1065,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   // left as zeros.
   uint8_t grh[kGrhBytes] = {};
   layout::Cqe cqe{};
-  if (av.is_global) {
+  if (av.is_global && !eth) {
     uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
     uint16_t paylen = htobe16(static_cast<uint16_t>(len));
     std::memcpy(grh, &w0, 4);
@@ -998,6 +1076,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     std::memcpy(grh + 24, av.dgid, 16);
     cqe.wc_flags = IBV_WC_GRH;
   }
+  if (eth) cqe.wc_flags = IBV_WC_GRH;  // the area is written below, once the source GID is known
   cqe.src_qp = qp->qpn;
   cqe.slid = dev.ports[sport - 1].lid;
   cqe.sl = av.sl;
@@ -1018,12 +1097,13 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     if (ts != IBV_QPS_RTR && ts != IBV_QPS_RTS && ts != IBV_QPS_SQD && ts != IBV_QPS_SQE)
       return count::ud_invalid(cnt_, qp, s, check_address), Exec::kDone;
     if (check_address) {
+      // The QP must be on the port the address resolved to (its device's
+      // record is a validated private copy).
       const uint32_t tport = t->port;
-      if (tport < 1 || tport > nports || dev.ports[tport - 1].lid != av.dlid)
-        return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
-      if (av.is_global) {
+      if (tport != qp->peer_port) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
+      if (av.is_global && !eth) {  // (on Ethernet the DGID is what found the port)
         uint8_t gid[16];
-        port_gid(dev.ports[tport - 1], gid);
+        port_gid(peer.device->record().ports[tport - 1], gid);
         if (std::memcmp(gid, av.dgid, 16) != 0) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;
       }
     }
@@ -1031,7 +1111,8 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     layout::Cqe c = cqe;
     c.qp_num = t->qpn;
     const Deliver d = deliver(qp, peer, t, s, local, nlocal, grh, false, c, status);
-    if (d != Deliver::kBusy) count::ud_arrived(cnt_, qp, s, t, d == Deliver::kNoReceive);  // counters
+    // counters (a destination on another device counts nothing for ours)
+    if (d != Deliver::kBusy && peer.device->self) count::ud_arrived(cnt_, qp, s, t, d == Deliver::kNoReceive);
     switch (d) {
       case Deliver::kBusy: return Exec::kWait;
       case Deliver::kNoReceive: return Exec::kDone;  // dropped (counted above)
@@ -1041,23 +1122,53 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
 
   if (!multicast) {
     const uint32_t rqpn = s->remote_qpn & limits::kQpnMask;
+    // The destination device and port of this address vector: resolved
+    // when the vector differs from the last one this QP sent to, or its
+    // device went away (directory.h).
+    if (!qp->ud_av_valid || !same_address(qp->ud_av, av) || !destination_holds(qp)) {
+      qp->ud_av = av;
+      qp->ud_av_valid = true;
+      Resolved r;
+      resolve_address(av, &r);
+      set_destination(qp, r);
+    }
+    // On Ethernet a UD message is one packet of the port's active MTU (the
+    // interface MTU by rxe's rule), as on IB it is at most 4096 bytes.
+    if (eth && qp->ud_mtu && len > qp->ud_mtu) {
+      *status = IBV_WC_LOC_LEN_ERR;
+      return Exec::kError;
+    }
+    if (eth && qp->peer_dev) build_roce_grh(av, qp->ud_sgid, qp->ud_sgid_type, len, imm, grh);
+    if (!qp->peer_dev) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: nobody has it
     // The cached peer is still that context while its registry slot keeps
     // the generation (a shared-memory read; Peer::alive reads /proc).
-    if (!qp->peer || qp->peer->slot != layout::qpn_slot(rqpn) ||
-        !registry_.slot_is(qp->peer->slot, qp->peer->generation))
-      qp->peer = peers_.get(registry_, layout::qpn_slot(rqpn), self_peer_);
+    if (!qp->peer || qp->peer->device != qp->peer_dev || qp->peer->slot != layout::qpn_slot(rqpn) ||
+        !qp->peer_dev->registry->slot_is(qp->peer->slot, qp->peer->generation))
+      qp->peer = peer_of(qp->peer_dev, rqpn);
     if (!qp->peer) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: no such context
     return send_to(*qp->peer, rqpn, true);
   }
   if (!av.is_global) return Exec::kDone;  // a multicast packet carries a GRH naming its group
+  if (eth) {
+    // Our source GID for the GRH area (a snapshot of our port's table).
+    PortNetView v;
+    if (registry_.port_net(sport, &v) != 0 || !v.valid(av.sgid_index)) return Exec::kDone;  // no source: dropped
+    build_roce_grh(av, v.gids[av.sgid_index].gid, v.gids[av.sgid_index].type, len, imm, grh);
+  }
+  // Members may be on any device of the home: each keeps its groups in its
+  // registry (on Ethernet groups are MGIDs alone: the LID is 0).
   layout::McastMember members[limits::kMaxMcastQpAttach];
-  uint32_t n = registry_.mcast_members(av.dgid, av.dlid, members, limits::kMaxMcastQpAttach);
-  for (uint32_t i = 0; i < n; ++i) {
-    std::shared_ptr<Peer> peer = peers_.get(registry_, members[i].slot, self_peer_);
-    if (!peer || peer->generation != members[i].generation) continue;
-    // A member another sender is delivering into is retried briefly; the
-    // others must not get the message twice, so the WQE never waits.
-    for (int tries = 0; tries < 1000 && send_to(*peer, members[i].qpn, false) == Exec::kWait; ++tries) {
+  const uint16_t mlid = eth ? 0 : av.dlid;
+  for (HomeDevice* d : dir_.all(true)) {
+    if ((d->record().net.link_layer == layout::kLinkLayerEthernet) != eth) continue;  // IB and RoCE never mix
+    uint32_t n = d->registry->mcast_members(av.dgid, mlid, members, limits::kMaxMcastQpAttach);
+    for (uint32_t i = 0; i < n; ++i) {
+      std::shared_ptr<Peer> peer = d->peers.get(*d, members[i].slot, self_peer_);
+      if (!peer || peer->generation != members[i].generation) continue;
+      // A member another sender is delivering into is retried briefly; the
+      // others must not get the message twice, so the WQE never waits.
+      for (int tries = 0; tries < 1000 && send_to(*peer, members[i].qpn, false) == Exec::kWait; ++tries) {
+      }
     }
   }
   return Exec::kDone;
@@ -1117,8 +1228,12 @@ void LocalContext::check_peer(Qp* qp) noexcept {
   if (peer) {
     dead = !peer->self_process && !peer->alive();
   } else {
+    // Not reached yet: dead when the path's device has no live context in
+    // the slot the QPN names (an unresolved path is waited for instead).
+    HomeDevice* d = qp->peer_dev;
+    if (!d) return;
     ContextInfo info;
-    dead = !registry_.context_slot(layout::qpn_slot(qp->attr.dest_qp_num), &info) ||
+    dead = !d->registry->context_slot(layout::qpn_slot(qp->attr.dest_qp_num), &info) ||
            !process_alive(static_cast<pid_t>(info.pid), info.start_time);
   }
   if (!dead) return;
@@ -1171,12 +1286,15 @@ void LocalContext::progress_all() noexcept {
 
 namespace shmrdma {
 
-layout::SrqEntry* LocalContext::find_xrc_srq(uint32_t srqn, std::shared_ptr<Peer>* cache, Peer** owner) noexcept {
+layout::SrqEntry* LocalContext::find_xrc_srq(HomeDevice* dev, uint32_t srqn, std::shared_ptr<Peer>* cache,
+                                             Peer** owner) noexcept {
+  if (!dev) return nullptr;
   const uint32_t slot = layout::srqn_slot(srqn);
   // Looked up in the cached peer first, then once more in a fresh one (the
   // slot may now hold another context).
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (attempt || !*cache || (*cache)->slot != slot) *cache = peers_.get(registry_, slot, self_peer_);
+    if (attempt || !*cache || (*cache)->slot != slot || (*cache)->device != dev)
+      *cache = dev->peers.get(*dev, slot, self_peer_);
     if (!*cache) return nullptr;
     Peer& p = **cache;
     layout::SrqEntry* se = p.srq(layout::srqn_index(srqn));
@@ -1189,10 +1307,10 @@ layout::SrqEntry* LocalContext::find_xrc_srq(uint32_t srqn, std::shared_ptr<Peer
   return nullptr;
 }
 
-void LocalContext::push_xrc_recv_cqe(uint32_t srqn, const layout::Cqe& c) noexcept {
+void LocalContext::push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layout::Cqe& c) noexcept {
   std::shared_ptr<Peer> cache;
   Peer* owner = nullptr;
-  layout::SrqEntry* se = find_xrc_srq(srqn, &cache, &owner);
+  layout::SrqEntry* se = find_xrc_srq(dev, srqn, &cache, &owner);
   if (!se) return;  // the SRQ is gone, and its CQ with it
   (void)push_peer_cqe(*owner, se->cq_index, c);
 }

@@ -17,6 +17,8 @@
 
 #include "context.h"
 #include "device_setup.h"
+#include "gid_table.h"
+#include "net/netif.h"
 #include "paths.h"
 #include "proc.h"
 #include "registry.h"
@@ -184,10 +186,64 @@ const char* wq_state_name(uint32_t s) {
   }
 }
 
-int cmd_up(const std::string& home, const std::string& name, uint32_t ports) {
+const char* mtu_text(uint32_t m) {
+  switch (m) {
+    case 1: return "256";
+    case 2: return "512";
+    case 3: return "1024";
+    case 4: return "2048";
+    default: return "4096";
+  }
+}
+
+// Reads the interface and checks it can carry a RoCE device; nothing is
+// created before every check passed.
+bool roce_spec(const std::string& netdev, const std::string& gid_layout, shmrdma::RoceSpec* spec, std::string* why) {
+  namespace layout = shmrdma::layout;
+  shmrdma::net::InterfaceState s;
+  if (int rc = shmrdma::net::read_interface(netdev, 0, &s, why); rc) {
+    if (rc == ENODEV)
+      *why += " (an interface of another network namespace is not visible here: run the command inside that "
+              "namespace, e.g. `ip netns exec NS shmrdma up --name NAME --netdev " + netdev + "`)";
+    return false;
+  }
+  if (!s.ethernet) {
+    *why = "interface " + netdev + " is not an Ethernet interface (RoCE needs a MAC address)";
+    return false;
+  }
+  if (!shmrdma::net::has_usable_address(s)) {
+    *why = "interface " + netdev + " has no IPv4 or global IPv6 address (a link-local fe80:: address gives no "
+           "routable GID); add one first, e.g. `ip addr add 198.18.0.1/24 dev " + netdev + "`";
+    return false;
+  }
+  uint64_t ns_dev = 0, ns_ino = 0;
+  if (int rc = shmrdma::net::netns_identity(&ns_dev, &ns_ino); rc) {
+    *why = std::string("cannot identify this network namespace (/proc/self/ns/net): ") + std::strerror(rc);
+    return false;
+  }
+  layout::NetBinding& b = spec->binding;
+  b = layout::NetBinding{};
+  b.netns_dev = ns_dev;
+  b.netns_ino = ns_ino;
+  b.ifindex = s.ifindex;
+  b.link_layer = layout::kLinkLayerEthernet;
+  b.gid_layout = gid_layout == "mlx5" ? layout::kGidLayoutMlx5 : layout::kGidLayoutRxe;
+  std::memcpy(b.mac, s.mac, 6);
+  std::snprintf(b.ifname, sizeof b.ifname, "%s", s.name.c_str());
+  spec->port = shmrdma::net::port_view(s, true, static_cast<layout::GidLayout>(b.gid_layout), shmrdma::PortNetView{});
+  return true;
+}
+
+int cmd_up(const std::string& home, const std::string& name, uint32_t ports, const std::string& netdev,
+           const std::string& gid_layout) {
   shmrdma::UpResult r;
   std::string why;
-  int rc = shmrdma::device_up(home, name, ports, &r, &why);
+  shmrdma::RoceSpec spec;
+  if (!netdev.empty() && !roce_spec(netdev, gid_layout, &spec, &why)) {
+    fmt::print(stderr, "shmrdma up: {}\n", why);
+    return 1;
+  }
+  int rc = shmrdma::device_up(home, name, ports, &r, &why, netdev.empty() ? nullptr : &spec);
   if (rc) {
     fmt::print(stderr, "shmrdma up: {}\n", why);
     return 1;
@@ -196,10 +252,23 @@ int cmd_up(const std::string& home, const std::string& name, uint32_t ports) {
   shmrdma::Registry reg;
   if (shmrdma::Registry::attach(p, &reg) == 0) {
     const auto& d = reg.device();
-    fmt::print("{} {}: node GUID {}, {} port(s), LID", r.created ? "created" : "up", name,
-               shmrdma::guid_string(d.node_guid), d.num_ports);
-    for (uint32_t i = 0; i < d.num_ports; ++i) fmt::print(" {}", d.ports[i].lid);
-    fmt::print("\n");
+    if (d.net.link_layer == shmrdma::layout::kLinkLayerEthernet) {
+      shmrdma::PortNetView v;
+      (void)reg.port_net(1, &v);
+      fmt::print("{} {}: RoCE on {} (ifindex {}), node GUID {}, port {}, active_mtu {}", r.created ? "created" : "up",
+                 name, v.ifname[0] ? v.ifname : d.net.ifname, d.net.ifindex, shmrdma::guid_string(d.node_guid),
+                 v.state == shmrdma::layout::kPortActive ? "ACTIVE" : "DOWN", mtu_text(v.active_mtu));
+      for (uint32_t i = 0; i < shmrdma::limits::kGidTableLen; ++i)
+        if (v.valid(i))
+          fmt::print("\n  GID[{}] {}, {}", i, shmrdma::gid_short_text(v.gids[i].gid),
+                     v.gids[i].type == shmrdma::layout::kGidTypeRoceV2 ? "RoCE v2" : "RoCE v1");
+      fmt::print("\n");
+    } else {
+      fmt::print("{} {}: node GUID {}, {} port(s), LID", r.created ? "created" : "up", name,
+                 shmrdma::guid_string(d.node_guid), d.num_ports);
+      for (uint32_t i = 0; i < d.num_ports; ++i) fmt::print(" {}", d.ports[i].lid);
+      fmt::print("\n");
+    }
   }
   if (r.reclaimed) fmt::print("reclaimed {} context(s) of dead processes\n", r.reclaimed);
   if (!r.cdev_ready) {
@@ -442,6 +511,14 @@ int main(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "create the device (idempotent) and reclaim what dead processes left");
   up->add_option("--name", name, "device name")->capture_default_str();
   up->add_option("--ports", ports, "number of ports (default 1)")->check(CLI::Range(1u, shmrdma::limits::kMaxPorts));
+  std::string netdev, gid_layout = "rxe";
+  up->add_option("--netdev", netdev,
+                 "make a RoCE device bound to this network interface of this network namespace "
+                 "(Ethernet link layer, GIDs from its addresses); without it the device is InfiniBand");
+  up->add_option("--gid-layout", gid_layout, "GID table layout of a RoCE device: rxe (RoCE v2 entries) or mlx5 "
+                                             "(v1/v2 pairs)")
+      ->check(CLI::IsMember({"rxe", "mlx5"}))
+      ->capture_default_str();
   auto* down = app.add_subcommand("down", "remove a device");
   down->add_option("--name", name, "device name")->capture_default_str();
   down->add_flag("--force", force, "remove it even while processes use it");
@@ -483,7 +560,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (*up) return cmd_up(home, name, ports);
+  if (*up) {
+    if (netdev.empty() && up->count("--gid-layout")) {
+      fmt::print(stderr, "shmrdma up: --gid-layout needs --netdev (it is the layout of a RoCE device)\n");
+      return 2;
+    }
+    return cmd_up(home, name, ports, netdev, gid_layout);
+  }
   if (*down) return cmd_down(home, name, force);
   if (*env) return cmd_env(home);
   if (*run) return cmd_run(home, program);

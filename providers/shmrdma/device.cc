@@ -75,30 +75,36 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
 }
 
 int query_port(ibv_context* ibctx, uint8_t port_num, ibv_port_attr* attr) noexcept {
-  const layout::DeviceRecord& dev = to_ctx(ibctx)->core->device();
+  LocalContext* core = to_ctx(ibctx)->core;
+  const layout::DeviceRecord& dev = core->device();
   if (!attr || port_num < 1 || port_num > dev.num_ports) return EINVAL;
   const layout::PortRecord& p = dev.ports[port_num - 1];
+  // The live record: state, MTU and rate follow the interface on RoCE.
+  PortNetView v;
+  if (int rc = core->registry().port_net(port_num, &v); rc) return rc;
+  const bool eth = dev.net.link_layer == layout::kLinkLayerEthernet;
   *attr = ibv_port_attr{};
-  attr->state = static_cast<ibv_port_state>(to_ctx(ibctx)->core->port_state(port_num));
+  attr->state = static_cast<ibv_port_state>(v.state);
   attr->max_mtu = IBV_MTU_4096;
-  attr->active_mtu = IBV_MTU_4096;
+  attr->active_mtu = static_cast<ibv_mtu>(v.active_mtu);
   attr->gid_tbl_len = limits::kGidTableLen;
-  attr->port_cap_flags = 0;
+  attr->port_cap_flags = eth ? IBV_PORT_CM_SUP : 0;  // rxe's
   attr->max_msg_sz = 1u << 31;
   attr->bad_pkey_cntr = 0;
   attr->qkey_viol_cntr = 0;
   attr->pkey_tbl_len = limits::kPkeyTableLen;
-  attr->lid = p.lid;
-  attr->sm_lid = 1;
+  // RoCE has no LIDs and no subnet manager (rxe: lid, sm_lid, lmc 0).
+  attr->lid = eth ? 0 : p.lid;
+  attr->sm_lid = eth ? 0 : 1;
   attr->lmc = 0;
   attr->max_vl_num = 1;        // VL0 only
   attr->sm_sl = 0;
-  attr->subnet_timeout = 18;
+  attr->subnet_timeout = eth ? 0 : 18;
   attr->init_type_reply = 0;
-  attr->active_width = 2;      // 4X
-  attr->active_speed = 32;     // EDR: 4X EDR reads as 100 Gb/s
-  attr->phys_state = 5;        // LinkUp
-  attr->link_layer = IBV_LINK_LAYER_INFINIBAND;
+  attr->active_width = static_cast<uint8_t>(v.active_width);
+  attr->active_speed = static_cast<uint8_t>(v.active_speed);
+  attr->phys_state = static_cast<uint8_t>(v.phys_state);
+  attr->link_layer = eth ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
   attr->flags = 0;
   attr->port_cap_flags2 = 0;
   return 0;

@@ -343,8 +343,27 @@ class Home {
     ok_ = true;
   }
 
+  // Brings up one more device of this home (IB, its own LIDs) once; it is
+  // removed at teardown. False (with the reason in *why) on failure.
+  bool up_device(const std::string& name, std::string* why) {
+    for (const auto& d : extra_)
+      if (d == name) return true;
+    RunResult r = shmrdma({"up", "--name", name});
+    if (!r.ok()) {
+      *why = "shmrdma up --name " + name + " failed: " + r.describe();
+      return false;
+    }
+    extra_.push_back(name);
+    return true;
+  }
+
   void teardown() {
     if (path_.empty()) return;
+    for (const auto& d : extra_) {
+      RunResult r = shmrdma({"down", "--force", "--name", d});
+      if (ok_ && !r.ok()) ADD_FAILURE() << "shmrdma down --force --name " << d << " failed: " << r.describe();
+    }
+    extra_.clear();
     RunResult down = shmrdma({"down", "--force"});
     if (ok_ && !down.ok()) ADD_FAILURE() << "shmrdma down --force failed: " << down.describe();
     std::error_code ec;
@@ -355,8 +374,21 @@ class Home {
  private:
   Home() = default;
   std::string path_, skip_, fail_;
+  std::vector<std::string> extra_;
   bool ok_ = false;
 };
+
+// Starts `c` with $DP_DEVICE set to `device` (empty: unset) for it alone
+// (dp_verbs.h open_shm0 opens that device).
+inline bool start_on(Child& c, const std::string& device, const std::vector<std::string>& args, int pass_fd = -1) {
+  const std::string old = getenv_str("DP_DEVICE");
+  if (device.empty()) ::unsetenv("DP_DEVICE");
+  else ::setenv("DP_DEVICE", device.c_str(), 1);
+  const bool ok = c.start(args, pass_fd);
+  if (old.empty()) ::unsetenv("DP_DEVICE");
+  else ::setenv("DP_DEVICE", old.c_str(), 1);
+  return ok;
+}
 
 class HomeEnvironment : public ::testing::Environment {
  public:

@@ -317,6 +317,7 @@ struct Hello {
   uint64_t a_addr = 0;
   uint32_t a_rkey = 0;
   uint32_t a_count = 0;
+  uint8_t gid[16] = {};  // with $DP_GID_INDEX: the GID paths use (RoCE)
 };
 
 struct Verbs {
@@ -326,12 +327,18 @@ struct Verbs {
   ibv_qp* qp = nullptr;
   ibv_qp_cap cap{};
   uint16_t lid = 0;
+  int gid_index = -1;  // $DP_GID_INDEX: connect through GRH paths (RoCE), else by LID
+  ibv_gid gid{};
 
   void open(uint32_t send_wr, uint32_t recv_wr) {
     std::string why;
     ctx = dp::open_shm0(&why);
     if (!ctx) die("open shm0: %s", why.c_str());
     lid = dp::port_lid(ctx);
+    if (const char* g = std::getenv("DP_GID_INDEX"); g && *g) {
+      gid_index = std::atoi(g);
+      if (ibv_query_gid(ctx, 1, gid_index, &gid)) die("ibv_query_gid %d: %s", gid_index, std::strerror(errno));
+    }
     pd = ibv_alloc_pd(ctx);
     if (!pd) die("ibv_alloc_pd: %s", std::strerror(errno));
     cq = ibv_create_cq(ctx, 1024, nullptr, nullptr, 0);
@@ -359,10 +366,28 @@ struct Verbs {
     return mr;
   }
 
-  void connect(uint32_t qpn, uint16_t dlid) {
+  void connect(uint32_t qpn, uint16_t dlid, const uint8_t* dgid) {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
     if (int rc = dp::qp_to_init(qp, access)) die("to INIT: %s", std::strerror(rc));
-    if (int rc = dp::qp_to_rtr(qp, qpn, dlid, 1)) die("to RTR: %s", std::strerror(rc));
+    if (gid_index >= 0) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_RTR;
+      a.path_mtu = IBV_MTU_1024;
+      a.dest_qp_num = qpn;
+      a.max_dest_rd_atomic = 16;
+      a.min_rnr_timer = 1;
+      a.ah_attr.port_num = 1;
+      a.ah_attr.is_global = 1;
+      std::memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index);
+      a.ah_attr.grh.hop_limit = 64;
+      if (int rc = ibv_modify_qp(qp, &a,
+                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        die("to RTR over GID index %d: %s", gid_index, std::strerror(rc));
+    } else if (int rc = dp::qp_to_rtr(qp, qpn, dlid, 1)) {
+      die("to RTR: %s", std::strerror(rc));
+    }
     if (int rc = dp::qp_to_rts(qp, 7)) die("to RTS: %s", std::strerror(rc));
   }
 };
@@ -392,6 +417,7 @@ int run_server(uint64_t seed) {
   Hello me;
   me.qpn = v.qp->qp_num;
   me.lid = v.lid;
+  std::memcpy(me.gid, v.gid.raw, 16);
   me.r_addr = reinterpret_cast<uintptr_t>(R);
   me.r_rkey = rmr->rkey;
   me.r_len = kRLen;
@@ -401,7 +427,7 @@ int run_server(uint64_t seed) {
   Hello peer;
   if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("server: send hello");
   if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("server: no hello");
-  v.connect(peer.qpn, peer.lid);
+  v.connect(peer.qpn, peer.lid, peer.gid);
 
   struct Posted {
     Op op;
@@ -620,10 +646,11 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
   Hello me, peer;
   me.qpn = v.qp->qp_num;
   me.lid = v.lid;
+  std::memcpy(me.gid, v.gid.raw, 16);
   if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("client: no hello");
   if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("client: send hello");
   if (peer.r_len != kRLen || peer.a_count != kACount) die("client: server geometry differs");
-  v.connect(peer.qpn, peer.lid);
+  v.connect(peer.qpn, peer.lid, peer.gid);
   dp::LineReader ctl(dp::kCtlFd);
   std::string line;
   if (ctl.poll_line(&line, kWaitMs) != 1 || line != "READY") die("client: server not ready ('%s')", line.c_str());
@@ -925,15 +952,19 @@ uint64_t field(const std::string& out, const std::string& name) {
 }
 
 // Runs one worker pair; `mapped` false runs it with SHMRDMA_MAPPED=0 (the
-// CMA data mover instead of the mapped tier).
-void run_pair(bool mapped) {
+// CMA data mover instead of the mapped tier). `client_device` non-empty:
+// the client opens that device of the same home (the server stays on
+// shm0), so every operation crosses devices (peers found through the home's
+// device directory by LID).
+void run_pair(bool mapped, const std::string& client_device = "") {
   auto& home = dp::Home::get();
   const uint64_t seed = env_u64("DP_SEED", 20261129) + (mapped ? 0 : 1);
   const uint64_t ops = env_u64("DP_OPS", 4000);
   const uint64_t budget_ms = env_u64("DP_BUDGET_MS", 25000);
   const uint64_t min_ops = std::min<uint64_t>(ops, 400);
-  std::printf("seed %" PRIu64 " (DP_SEED=%" PRIu64 " reproduces), up to %" PRIu64 " ops or %" PRIu64 " ms, %s tier\n",
-              seed, seed - (mapped ? 0 : 1), ops, budget_ms, mapped ? "mapped" : "CMA");
+  std::printf("seed %" PRIu64 " (DP_SEED=%" PRIu64 " reproduces), up to %" PRIu64 " ops or %" PRIu64 " ms, %s tier%s%s\n",
+              seed, seed - (mapped ? 0 : 1), ops, budget_ms, mapped ? "mapped" : "CMA",
+              client_device.empty() ? "" : ", client on ", client_device.c_str());
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = self_exe();
@@ -943,7 +974,7 @@ void run_pair(bool mapped) {
                               "--budget-ms", std::to_string(budget_ms), "--min-ops", std::to_string(min_ops)});
   std::string old = dp::getenv_str("SHMRDMA_MAPPED");
   if (!mapped) ::setenv("SHMRDMA_MAPPED", "0", 1);
-  bool started = server.start(sargs, sv[0]) && client.start(cargs, sv[1]);
+  bool started = server.start(sargs, sv[0]) && dp::start_on(client, client_device, cargs, sv[1]);
   if (!mapped) {
     if (old.empty()) ::unsetenv("SHMRDMA_MAPPED");
     else ::setenv("SHMRDMA_MAPPED", old.c_str(), 1);
@@ -984,6 +1015,14 @@ TEST(Integrity, RandomOperationsMappedTier) {
 TEST(Integrity, RandomOperationsCmaTier) {
   DP_REQUIRE_DEVICE();
   run_pair(false);
+}
+
+// Server on shm0, client on shm1 of the same home: RC between two devices.
+TEST(Integrity, RandomOperationsAcrossDevices) {
+  DP_REQUIRE_DEVICE();
+  std::string why;
+  ASSERT_TRUE(dp::Home::get().up_device("shm1", &why)) << why;
+  run_pair(true, "shm1");
 }
 
 }  // namespace

@@ -269,9 +269,11 @@ struct Ep {
     return q;
   }
 
-  ibv_ah* ah(bool global, const uint8_t* dgid) {
+  // To port 1 with LID dlid (0: our own LID; every context on one device
+  // shares port 1).
+  ibv_ah* ah(bool global, const uint8_t* dgid, uint16_t dlid = 0) {
     ibv_ah_attr a{};
-    a.dlid = lid;  // every context on shm0 shares port 1
+    a.dlid = dlid ? dlid : lid;
     a.port_num = 1;
     a.is_global = global ? 1 : 0;
     if (global) {
@@ -280,7 +282,7 @@ struct Ep {
       a.grh.hop_limit = 1;
     }
     ibv_ah* h = ibv_create_ah(pd, &a);
-    REQUIRE(h != nullptr, "ibv_create_ah(dlid %u, is_global %d): %s", lid, a.is_global, std::strerror(errno));
+    REQUIRE(h != nullptr, "ibv_create_ah(dlid %u, is_global %d): %s", a.dlid, a.is_global, std::strerror(errno));
     ahs.push_back(h);
     return h;
   }
@@ -639,7 +641,7 @@ int ud_client(bool global) {
   Hello me = hello_of(e);
   me.qkey = kClientQkey;
   Hello sv = exchange(me, false);
-  ibv_ah* ah = e.ah(global, sv.gid);
+  ibv_ah* ah = e.ah(global, sv.gid, sv.lid);
   hear("GO");
   for (size_t k = 0; k < msgs.size(); ++k) {
     const UdMsg& m = msgs[k];
@@ -737,7 +739,7 @@ int fan_client() {
   ibv_qp* qa = e.qp(IBV_QPT_UD);
   ud_up(qa, kClientQkey, kClientSqPsn);
   Hello sv = exchange(hello_of(e), false);
-  ibv_ah* ah[2] = {e.ah(false, nullptr), e.ah(true, sv.gid)};
+  ibv_ah* ah[2] = {e.ah(false, nullptr, sv.lid), e.ah(true, sv.gid, sv.lid)};
   hear("GO");
   std::vector<ibv_send_wr> wr(kFanMsgs);
   std::vector<std::vector<ibv_sge>> sg(kFanMsgs);
@@ -859,7 +861,7 @@ int many_client() {
       e.open(kMtu * 2 + 4096, IBV_ACCESS_LOCAL_WRITE);
       ibv_qp* qp = e.qp(IBV_QPT_UD);
       ud_up(qp, kClientQkey, kClientSqPsn);
-      ibv_ah* ah = e.ah(t == 1, sv.gid);
+      ibv_ah* ah = e.ah(t == 1, sv.gid, sv.lid);
       qpn[t] = qp->qp_num;
       ready.fetch_add(1);
       auto until = Clock::now() + std::chrono::seconds(30);
@@ -1119,7 +1121,7 @@ int dead_client() {
   e.open(4 * 4096, IBV_ACCESS_LOCAL_WRITE);
   ibv_qp* qp = e.qp(IBV_QPT_UD);
   ud_up(qp, kClientQkey, kClientSqPsn);
-  ibv_ah* ah = e.ah(false, nullptr);
+  ibv_ah* ah = e.ah(false, nullptr, sv.lid);
   for (uint32_t i = 0; i < kDeadFinal; ++i) {
     const uint32_t imm = 0xFF000000u | i;
     auto sl = layout(0, kDeadSize, 2);
@@ -1186,7 +1188,7 @@ int deadpeer_client() {
       e.open(4 * 8192, IBV_ACCESS_LOCAL_WRITE);
       ibv_qp* qp = e.qp(IBV_QPT_UD);
       ud_up(qp, kClientQkey, kClientSqPsn);
-      ibv_ah* ah = e.ah(t == 1, sv.gid);
+      ibv_ah* ah = e.ah(t == 1, sv.gid, sv.lid);
       int outstanding = 0;
       long done = 0, after_death = 0;
       auto until = Clock::now() + std::chrono::seconds(40);
@@ -1325,7 +1327,7 @@ int qkey_client() {
   ud_up(q[0], kServerQkey, kClientSqPsn);
   ud_up(q[1], kOtherQkey, kClientSqPsn);
   Hello sv = exchange(hello_of(e), false);
-  ibv_ah* ah = e.ah(false, nullptr);
+  ibv_ah* ah = e.ah(false, nullptr, sv.lid);
   const auto& steps = qkey_steps();
   for (size_t i = 0; i < steps.size(); ++i) {
     const QkeyStep& st = steps[i];
@@ -1386,7 +1388,7 @@ int norecv_ud_client() {
   ibv_qp* qp = e.qp(IBV_QPT_UD);
   ud_up(qp, kClientQkey, kClientSqPsn);
   Hello sv = exchange(hello_of(e), false);
-  ibv_ah* ah = e.ah(false, nullptr);
+  ibv_ah* ah = e.ah(false, nullptr, sv.lid);
   for (uint32_t n = 1; n <= 2; ++n) {
     hear("READY " + std::to_string(n));
     auto sl = layout(0, 500, 1);
@@ -1475,7 +1477,7 @@ int len_client() {
   ud_up(qa, kClientQkey, kClientSqPsn);
   ud_up(qb, kClientQkey, kClientSqPsn);
   Hello sv = exchange(hello_of(e), false);
-  ibv_ah* ah = e.ah(false, nullptr);
+  ibv_ah* ah = e.ah(false, nullptr, sv.lid);
   hear("READY 1");
   {
     auto sl = layout(0, kMtu + 1, 1);
@@ -1863,16 +1865,21 @@ std::string self_exe() {
 
 class Pair : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Pair, ServerAndClient) {
-  DP_REQUIRE_DEVICE();
+// The client on `client_device` (empty: shm0 like the server).
+void run_pair(const std::string& scenario, const std::string& client_device) {
   auto& home = dp::Home::get();
+  if (!client_device.empty()) {
+    std::string why;
+    ASSERT_TRUE(home.up_device(client_device, &why)) << why;
+  }
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = self_exe();
   dp::Child server, client;
-  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--scenario", GetParam()}), sv[0]))
+  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--scenario", scenario}), sv[0]))
       << server.output();
-  ASSERT_TRUE(client.start(home.run_argv({exe, "--worker", "client", "--scenario", GetParam()}), sv[1]))
+  ASSERT_TRUE(dp::start_on(client, client_device, home.run_argv({exe, "--worker", "client", "--scenario", scenario}),
+                           sv[1]))
       << client.output();
   ::close(sv[0]);
   ::close(sv[1]);
@@ -1882,7 +1889,7 @@ TEST_P(Pair, ServerAndClient) {
   std::printf("--- server ---\n%s--- client ---\n%s", s.out.c_str(), c.out.c_str());
   EXPECT_TRUE(s.ok()) << "server: " << s.describe();
   EXPECT_TRUE(c.ok()) << "client: " << c.describe();
-  if (GetParam().find("dead") != std::string::npos) {
+  if (scenario.find("dead") != std::string::npos) {
     // Killed senders: `shmrdma up` reclaims their contexts.
     dp::RunResult up = home.shmrdma({"up"});
     EXPECT_TRUE(up.ok()) << up.describe();
@@ -1895,6 +1902,32 @@ TEST_P(Pair, ServerAndClient) {
     }
   }
 }
+
+TEST_P(Pair, ServerAndClient) {
+  DP_REQUIRE_DEVICE();
+  run_pair(GetParam(), "");
+}
+
+// The scenarios whose workers exchange addresses, with the client on a
+// second device (shm1) of the home: UD by LID and by GRH (the reply through
+// ibv_create_ah_from_wc), fan-out, drops, Q_Keys, lengths and a dead
+// receiver, UC data, drops and bad rkeys, all across devices.
+class PairAcrossDevices : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PairAcrossDevices, ServerAndClient) {
+  DP_REQUIRE_DEVICE();
+  run_pair(GetParam(), "shm1");
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, PairAcrossDevices,
+                         ::testing::Values("ud-lid", "ud-grh", "ud-fanout", "ud-deadpeer", "ud-qkey", "ud-norecv",
+                                           "ud-len", "uc-data", "uc-norecv", "uc-badrkey"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Pair,
                          ::testing::Values("ud-lid", "ud-grh", "ud-fanout", "ud-many", "ud-deadsender", "ud-deadpeer",

@@ -7,13 +7,19 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 
 namespace dp {
 
+// Opens shm0, or the device named by $DP_DEVICE (the tests that place one
+// worker of a pair on a second device of the same home set it for that
+// worker only: Home::up_device, with_device).
 inline ibv_context* open_shm0(std::string* why) {
+  const char* env = std::getenv("DP_DEVICE");
+  const std::string name = env && *env ? env : "shm0";
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (!list) {
@@ -22,8 +28,8 @@ inline ibv_context* open_shm0(std::string* why) {
   }
   ibv_context* ctx = nullptr;
   for (int i = 0; i < n; ++i)
-    if (std::strcmp(ibv_get_device_name(list[i]), "shm0") == 0) ctx = ibv_open_device(list[i]);
-  if (!ctx) *why = "shm0 not found among " + std::to_string(n) + " device(s), or ibv_open_device failed";
+    if (name == ibv_get_device_name(list[i])) ctx = ibv_open_device(list[i]);
+  if (!ctx) *why = name + " not found among " + std::to_string(n) + " device(s), or ibv_open_device failed";
   ibv_free_device_list(list);
   return ctx;
 }

@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--all", action="store_true", help="run all sizes (-a)")
     ap.add_argument("--size", type=int, help="message size (-s); the table must have one row of this size")
     ap.add_argument("--timeout", type=int, default=90)
+    ap.add_argument("--roce", action="store_true",
+                    help="across two network namespaces: a RoCE device in each (systest.RoceNet), -d for each side")
     ap.add_argument("extra", nargs="*", help="more perftest flags for both sides (after --)")
     a = ap.parse_args()
 
@@ -44,50 +46,59 @@ def main():
     if a.size is not None:
         flags += ["-s", str(a.size)]
 
+    if a.roce:
+        with systest.RoceNet() as net:
+            return check(a, flags, kind, systest.run_pair(net, [a.tool, "-d", net.dev_b] + flags,
+                                                          [a.tool, "-d", net.dev_a] + flags + [net.ADDR_B], a.port,
+                                                          timeout=a.timeout))
     with systest.Home() as home:
-        r = systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port, timeout=a.timeout)
-        print(r.client_out)
-        if r.server_rc != 0 or r.client_rc != 0:
-            systest.fail(f"{a.tool} did not exit 0 on both sides\n" + r.describe())
-        header, rows = systest.parse_perftest_table(r.client_out)
-        if header is None:
-            systest.fail(f"no result table (#bytes ...) in the client's output\n" + r.describe())
-        if not rows:
-            systest.fail(f"the client's result table has no rows\n" + r.describe())
+        return check(a, flags, kind, systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port,
+                                                      timeout=a.timeout))
 
-        if "atomic" in a.tool:
-            want_sizes = [ATOMIC_BYTES]
-        elif a.all:
-            want_sizes = [2 ** k for k in range(1, 24)]
-        elif a.size is not None:
-            want_sizes = [a.size]
+
+def check(a, flags, kind, r):
+    print(r.client_out)
+    if r.server_rc != 0 or r.client_rc != 0:
+        systest.fail(f"{a.tool} did not exit 0 on both sides\n" + r.describe())
+    header, rows = systest.parse_perftest_table(r.client_out)
+    if header is None:
+        systest.fail(f"no result table (#bytes ...) in the client's output\n" + r.describe())
+    if not rows:
+        systest.fail(f"the client's result table has no rows\n" + r.describe())
+
+    if "atomic" in a.tool:
+        want_sizes = [ATOMIC_BYTES]
+    elif a.all:
+        want_sizes = [2 ** k for k in range(1, 24)]
+    elif a.size is not None:
+        want_sizes = [a.size]
+    else:
+        want_sizes = [DEFAULT_BYTES[kind]]
+    got_sizes = [int(row[0]) for row in rows]
+    if got_sizes != want_sizes:
+        systest.fail(f"table sizes {got_sizes}, expected {want_sizes}\n" + r.describe())
+
+    for row in rows:
+        size, iters = int(row[0]), int(row[1])
+        if iters != a.iters:
+            systest.fail(f"size {size}: {iters} iterations in the table, asked for {a.iters}\n" + r.describe())
+        if kind == "bw":
+            # #bytes #iterations BW-peak BW-average MsgRate
+            if len(row) < 5:
+                systest.fail(f"bw row with {len(row)} columns: {row}\n" + r.describe())
+            bw_avg, msg_rate = row[3], row[4]
+            if not (bw_avg > 0 and msg_rate > 0):
+                systest.fail(f"size {size}: BW average {bw_avg} MB/s, rate {msg_rate} Mpps (must be > 0)\n" +
+                             r.describe())
         else:
-            want_sizes = [DEFAULT_BYTES[kind]]
-        got_sizes = [int(row[0]) for row in rows]
-        if got_sizes != want_sizes:
-            systest.fail(f"table sizes {got_sizes}, expected {want_sizes}\n" + r.describe())
-
-        for row in rows:
-            size, iters = int(row[0]), int(row[1])
-            if iters != a.iters:
-                systest.fail(f"size {size}: {iters} iterations in the table, asked for {a.iters}\n" + r.describe())
-            if kind == "bw":
-                # #bytes #iterations BW-peak BW-average MsgRate
-                if len(row) < 5:
-                    systest.fail(f"bw row with {len(row)} columns: {row}\n" + r.describe())
-                bw_avg, msg_rate = row[3], row[4]
-                if not (bw_avg > 0 and msg_rate > 0):
-                    systest.fail(f"size {size}: BW average {bw_avg} MB/s, rate {msg_rate} Mpps (must be > 0)\n" +
-                                 r.describe())
-            else:
-                # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
-                if len(row) < 6:
-                    systest.fail(f"lat row with {len(row)} columns: {row}\n" + r.describe())
-                t_min, t_max, t_typ, t_avg = row[2], row[3], row[4], row[5]
-                if not (t_min > 0 and t_typ > 0 and t_avg > 0 and t_max >= t_min):
-                    systest.fail(f"size {size}: t_min {t_min} t_max {t_max} t_typical {t_typ} t_avg {t_avg} usec "
-                                 "(must be > 0)\n" + r.describe())
-        print(f"PASS: {a.tool} {' '.join(flags)}: {len(rows)} row(s) checked")
+            # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+            if len(row) < 6:
+                systest.fail(f"lat row with {len(row)} columns: {row}\n" + r.describe())
+            t_min, t_max, t_typ, t_avg = row[2], row[3], row[4], row[5]
+            if not (t_min > 0 and t_typ > 0 and t_avg > 0 and t_max >= t_min):
+                systest.fail(f"size {size}: t_min {t_min} t_max {t_max} t_typical {t_typ} t_avg {t_avg} usec "
+                             "(must be > 0)\n" + r.describe())
+    print(f"PASS: {a.tool} {' '.join(flags)}: {len(rows)} row(s) checked")
     return 0
 
 

@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--timeout", type=int, default=90)
     ap.add_argument("--gid", default="0", help="GID index for -g, or 'none' to leave -g out")
+    ap.add_argument("--roce", action="store_true",
+                    help="across two network namespaces: a RoCE device in each (systest.RoceNet), -d for each side")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
 
@@ -48,25 +50,34 @@ def main():
     if a.tool == "ibv_xsrq_pingpong":
         return run_xsrq(a, gid)
     flags = gid + ["-s", str(a.size), "-n", str(a.iters), "-p", str(a.port), "-c"] + a.extra
+    if a.roce:
+        with systest.RoceNet() as net:
+            return check(a, flags, systest.run_pair(net, [a.tool, "-d", net.dev_b] + flags,
+                                                    [a.tool, "-d", net.dev_a] + flags + [net.ADDR_B], a.port,
+                                                    timeout=a.timeout))
     with systest.Home() as home:
-        r = systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port, timeout=a.timeout)
-        print(r.describe())
-        if r.server_rc != 0 or r.client_rc != 0:
-            systest.fail(f"{a.tool} did not exit 0 on both sides\n" + r.describe())
-        for side, out in (("server", r.server_out), ("client", r.client_out)):
-            m = ITERS_LINE.search(out)
-            if not m:
-                systest.fail(f"the {side} printed no 'N iters in' line\n" + r.describe())
-            if int(m.group(1)) != a.iters:
-                systest.fail(f"the {side} did {m.group(1)} iterations, asked for {a.iters}\n" + r.describe())
-            b = BYTES_LINE.search(out)
-            # The pingpongs count size * iters * 2 bytes (both directions).
-            if not b or int(b.group(1)) != a.size * a.iters * 2:
-                systest.fail(f"the {side} reports {b.group(1) if b else 'no'} bytes, expected "
-                             f"{a.size * a.iters * 2}\n" + r.describe())
-            if "invalid data" in out.lower() or "failed" in out.lower() or "couldn't" in out.lower():
-                systest.fail(f"the {side} reports an error\n" + r.describe())
-        print(f"PASS: {a.tool} {' '.join(flags)}")
+        return check(a, flags, systest.run_pair(home, [a.tool] + flags, [a.tool] + flags + ["localhost"], a.port,
+                                                timeout=a.timeout))
+
+
+def check(a, flags, r):
+    print(r.describe())
+    if r.server_rc != 0 or r.client_rc != 0:
+        systest.fail(f"{a.tool} did not exit 0 on both sides\n" + r.describe())
+    for side, out in (("server", r.server_out), ("client", r.client_out)):
+        m = ITERS_LINE.search(out)
+        if not m:
+            systest.fail(f"the {side} printed no 'N iters in' line\n" + r.describe())
+        if int(m.group(1)) != a.iters:
+            systest.fail(f"the {side} did {m.group(1)} iterations, asked for {a.iters}\n" + r.describe())
+        b = BYTES_LINE.search(out)
+        # The pingpongs count size * iters * 2 bytes (both directions).
+        if not b or int(b.group(1)) != a.size * a.iters * 2:
+            systest.fail(f"the {side} reports {b.group(1) if b else 'no'} bytes, expected "
+                         f"{a.size * a.iters * 2}\n" + r.describe())
+        if "invalid data" in out.lower() or "failed" in out.lower() or "couldn't" in out.lower():
+            systest.fail(f"the {side} reports an error\n" + r.describe())
+    print(f"PASS: {a.tool} {' '.join(flags)}")
     return 0
 
 

@@ -165,23 +165,28 @@ class PairResult:
 
 def run_pair(home, server_args, client_args, port, timeout=60, listen_timeout=20):
     """Starts the server, waits until it listens on `port`, runs the client,
-    then waits for both. Kills both and fails the test on any timeout."""
-    if port in _listening_ports():
+    then waits for both. Kills both and fails the test on any timeout.
+    `home` may place the two sides apart (RoceNet: server_argv/client_argv,
+    each in its own network namespace, and listening_ports of the server's)."""
+    server_argv = getattr(home, "server_argv", home.run_argv)
+    client_argv = getattr(home, "client_argv", home.run_argv)
+    listening = getattr(home, "listening_ports", _listening_ports)
+    if port in listening():
         fail(f"TCP port {port} is already in use by another process; every system test has its own port")
-    server = Proc("server", home.run_argv(server_args))
+    server = Proc("server", server_argv(server_args))
     client = None
     try:
         deadline = time.monotonic() + listen_timeout
-        while port not in _listening_ports():
+        while port not in listening():
             if server.poll() is not None:
                 fail(f"server exited (code {server.rc}) before listening on port {port}:\n{server.output()}")
             if time.monotonic() > deadline:
                 fail(f"server did not listen on port {port} within {listen_timeout}s:\n{server.output()}")
             time.sleep(0.05)
         log(f"$ {' '.join(server.argv)}   # server, listening on {port}")
-        log(f"$ {' '.join(home.run_argv(client_args))}")
+        log(f"$ {' '.join(client_argv(client_args))}")
         t0 = time.monotonic()
-        client = Proc("client", home.run_argv(client_args))
+        client = Proc("client", client_argv(client_args))
         deadline = t0 + timeout
         if client.wait(deadline - time.monotonic()) is None:
             server.kill()
@@ -220,3 +225,107 @@ def parse_perftest_table(out):
                 rows.append([float(f) for f in fields])
             return header, rows
     return None, []
+
+
+class RoceNet:
+    """Two network namespaces joined by a veth pair (addresses 198.18.0.1 and
+    198.18.0.2, the benchmarking range), one shared state home, and a RoCE
+    device in each: roceA<pid> on the veth end in nsA (the client's side),
+    roceB<pid> in nsB (the server's). `with RoceNet() as net:`; the
+    namespaces, the veth pair and the devices are removed also on failure.
+    Names carry the pid, so concurrent tests never share them."""
+
+    ADDR_A = "198.18.0.1"
+    ADDR_B = "198.18.0.2"
+
+    def __init__(self, gid_layout=None):
+        pid = os.getpid()
+        self.ns_a, self.ns_b = f"shmA{pid}", f"shmB{pid}"
+        self.veth_a, self.veth_b = f"shva{pid}", f"shvb{pid}"
+        self.dev_a, self.dev_b = f"roceA{pid}", f"roceB{pid}"
+        self.gid_layout = gid_layout
+        self.path = None
+        self.made = []
+
+    def _ip(self, *args):
+        rc, out = _run(["ip", *args])
+        if rc != 0:
+            self.cleanup()
+            fail(f"ip {' '.join(args)} failed (exit {rc}):\n{out}")
+
+    def __enter__(self):
+        require_root()
+        if shutil.which("ip") is None:
+            skip("ip (iproute2) is not installed")
+        self.bin = shmrdma_bin()
+        self.path = tempfile.mkdtemp(prefix="shmrdma-roce-")
+        try:
+            for ns in (self.ns_a, self.ns_b):
+                self._ip("netns", "add", ns)
+                self.made.append(("ns", ns))
+            self._ip("link", "add", self.veth_a, "type", "veth", "peer", "name", self.veth_b)
+            self.made.append(("veth", self.veth_a))
+            for ns, veth, addr in ((self.ns_a, self.veth_a, self.ADDR_A), (self.ns_b, self.veth_b, self.ADDR_B)):
+                self._ip("link", "set", veth, "netns", ns)
+                self._ip("-n", ns, "addr", "add", addr + "/24", "dev", veth)
+                self._ip("-n", ns, "link", "set", veth, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+            for ns, veth, dev in ((self.ns_a, self.veth_a, self.dev_a), (self.ns_b, self.veth_b, self.dev_b)):
+                args = ["up", "--name", dev, "--netdev", veth]
+                if self.gid_layout:
+                    args += ["--gid-layout", self.gid_layout]
+                rc, out = self.shmrdma_in(ns, *args)
+                if rc != 0:
+                    self.cleanup()
+                    fail(f"shmrdma up --netdev {veth} in {ns} failed (exit {rc}):\n{out}")
+                self.made.append(("dev", (ns, dev)))
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+        return False
+
+    def cleanup(self):
+        for kind, what in reversed(self.made):
+            if kind == "dev":
+                ns, dev = what
+                rc, out = self.shmrdma_in(ns, "down", "--force", "--name", dev)
+                if rc != 0:
+                    log(f"warning: shmrdma down --name {dev} exited {rc}:\n{out}")
+            elif kind == "veth":
+                _run(["ip", "link", "del", what])  # gone with its namespace already, normally
+            elif kind == "ns":
+                _run(["ip", "netns", "del", what])
+        self.made = []
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+    def shmrdma_in(self, ns, *args, timeout=30):
+        return _run(["ip", "netns", "exec", ns, self.bin, "--home", self.path, *args], timeout=timeout)
+
+    def run_argv_in(self, ns, prog_args):
+        return ["ip", "netns", "exec", ns, self.bin, "--home", self.path, "run", "--", *prog_args]
+
+    def server_argv(self, prog_args):
+        return self.run_argv_in(self.ns_b, prog_args)
+
+    def client_argv(self, prog_args):
+        return self.run_argv_in(self.ns_a, prog_args)
+
+    run_argv = client_argv
+
+    def listening_ports(self):
+        ports = set()
+        rc, out = _run(["ip", "netns", "exec", self.ns_b, "cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[3] == "0A" and ":" in parts[1]:
+                try:
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+                except ValueError:
+                    pass
+        return ports
