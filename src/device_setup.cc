@@ -370,6 +370,12 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
              " (choose another --name, or `shmrdma down --name " + name + "` first)";
       return EEXIST;
     }
+    if (have.gid_layout != roce->binding.gid_layout) {
+      *why = "device " + name + " is already up with the " +
+             (have.gid_layout == layout::kGidLayoutMlx5 ? "mlx5" : "rxe") +
+             " GID layout; bring it down first to change that";
+      return EEXIST;
+    }
     if ((rc = apply_port_net(reg, 1, roce->port, nullptr, why)) != 0) return rc;
   }
   if (rc == 0) {
