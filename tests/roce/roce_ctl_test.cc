@@ -82,6 +82,22 @@ long within(int ms, const std::function<bool()>& pred) {
   }
 }
 
+// Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
+// the handler then becomes a shell that removes what the test made
+// (execve is async-signal-safe), so no namespace or daemon outlives it.
+char g_cleanup[4096];
+void on_fatal_signal(int) {
+  const char* argv[] = {"/bin/sh", "-c", g_cleanup, nullptr};
+  ::execv("/bin/sh", const_cast<char* const*>(argv));
+  ::_exit(1);
+}
+
+// A long-running child of the test (ibv_asyncwatch) is killed first.
+void cleanup_also_kills(pid_t pid) {
+  std::string c = "kill -9 " + std::to_string(pid) + "; " + g_cleanup;
+  std::snprintf(g_cleanup, sizeof g_cleanup, "%s", c.c_str());
+}
+
 class RoceCtl : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -101,6 +117,17 @@ class RoceCtl : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     home_ = tmpl;
     made_ = true;
+    std::snprintf(g_cleanup, sizeof g_cleanup,
+                  "for f in %s/daemon/*.pid; do [ -f \"$f\" ] && kill -9 $(cut -d' ' -f1 \"$f\"); done; "
+                  "for d in %s/devices/*; do [ -d \"$d\" ] || continue; n=$(basename \"$d\"); "
+                  "for ns in %s %s; do ip netns exec $ns %s --home %s down --force --name $n; done; "
+                  "%s --home %s down --force --name $n; done; "
+                  "ip netns del %s; ip netns del %s; rm -rf %s; exit 1",
+                  home_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), bin_.c_str(), home_.c_str(),
+                  bin_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), home_.c_str());
+    ::signal(SIGTERM, on_fatal_signal);
+    ::signal(SIGINT, on_fatal_signal);
+    ::signal(SIGPIPE, SIG_IGN);
     ip({"netns", "add", ns_a_});
     ip({"netns", "add", ns_b_});
     ip({"link", "add", if_a_, "type", "veth", "peer", "name", if_b_});
@@ -116,6 +143,8 @@ class RoceCtl : public ::testing::Test {
 
   void TearDown() override {
     if (!made_) return;
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
     // Devices first (their device nodes live in the machine-wide /dev), from
     // the namespace they were made in, then whatever daemon is left.
     for (const auto& ns : {ns_a_, ns_b_, std::string()}) {
@@ -298,6 +327,7 @@ TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
   Child watch;
   std::string why;
   ASSERT_TRUE(watch.start(in_ns(ns_a_, {bin_, "--home", home_, "run", "ibv_asyncwatch", "-d", "roceA"}), &why)) << why;
+  cleanup_also_kills(watch.pid());
   ASSERT_TRUE(watch.wait_for("roceA: async event FD", 20000)) << watch.stderr_text();
   auto events = [&](const std::string& what) {
     while (watch.read_line(20)) {
