@@ -1,6 +1,10 @@
 // The `shmrdma` command: device lifecycle (up, down), the environment that
 // makes the stock libibverbs load our plugin (env, run), and status.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <limits.h>
 #include <link.h>
@@ -355,10 +359,71 @@ int cmd_env(const std::string& home) {
   return 0;
 }
 
+// `shmrdma run --private-sys`: programs that read /sys/class/infiniband
+// directly (UCX's GID type detection, pyverbs' device/net) see our tree
+// there. In a private mount namespace (root only) /sys/class becomes a
+// tmpfs holding bind mounts of every original class directory, plus
+// infiniband and infiniband_verbs from the state home. Nothing outside the
+// program's own mount namespace changes.
+int private_sys(const std::string& home, std::string* why) {
+  if (::geteuid() != 0) {
+    *why = "--private-sys needs root (a private mount namespace)";
+    return EPERM;
+  }
+  const std::string ours = home + "/sys/class";
+  if (::access((ours + "/infiniband").c_str(), F_OK) != 0) {
+    *why = "no devices under " + home + " (shmrdma up first)";
+    return ENOENT;
+  }
+  int orig = -1;
+  auto fail = [&](const std::string& what) {
+    *why = what + ": " + std::strerror(errno);
+    int e = errno;
+    if (orig >= 0) ::close(orig);
+    return e;
+  };
+  if (::unshare(CLONE_NEWNS) != 0) return fail("unshare(CLONE_NEWNS)");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return fail("making / private");
+  // Opened in the new namespace: bind mounts take their source from it.
+  if ((orig = ::open("/sys/class", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return fail("/sys/class");
+  std::vector<std::string> classes;
+  if (DIR* d = ::opendir(("/proc/self/fd/" + std::to_string(orig)).c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.' && std::strcmp(e->d_name, "infiniband") && std::strcmp(e->d_name, "infiniband_verbs"))
+        classes.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  if (::mount("tmpfs", "/sys/class", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755") != 0)
+    return fail("mounting a tmpfs on /sys/class");
+  const std::string from = "/proc/self/fd/" + std::to_string(orig) + "/";
+  for (const std::string& c : classes) {
+    const std::string to = "/sys/class/" + c;
+    if (::mkdir(to.c_str(), 0755) != 0 || ::mount((from + c).c_str(), to.c_str(), nullptr, MS_BIND | MS_REC, nullptr))
+      return fail("bind-mounting " + to);
+  }
+  for (const char* c : {"infiniband", "infiniband_verbs"}) {
+    const std::string to = std::string("/sys/class/") + c;
+    if (::mkdir(to.c_str(), 0755) != 0 || ::mount((ours + "/" + c).c_str(), to.c_str(), nullptr, MS_BIND, nullptr))
+      return fail("bind-mounting " + to);
+  }
+  ::close(orig);
+  return 0;
+}
+
 int cmd_run(const std::string& home, std::vector<std::string> argv) {
+  bool priv = false;
+  if (!argv.empty() && argv[0] == "--private-sys") {
+    priv = true;
+    argv.erase(argv.begin());
+    if (!argv.empty() && argv[0] == "--") argv.erase(argv.begin());
+  }
   if (argv.empty()) {
-    fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--] PROGRAM [ARGS...])\n");
+    fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--private-sys] [--] PROGRAM [ARGS...])\n");
     return 2;
+  }
+  if (std::string why; priv && private_sys(home, &why) != 0) {
+    fmt::print(stderr, "shmrdma run: {}\n", why);
+    return 126;
   }
   for (const auto& [k, v] : environment(home).vars) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> args;
@@ -643,7 +708,9 @@ int main(int argc, char** argv) {
   down->add_option("--name", name, "device name")->capture_default_str();
   down->add_flag("--force", force, "remove it even while processes use it");
   auto* env = app.add_subcommand("env", "print export lines for eval, to use the devices from this shell");
-  auto* run = app.add_subcommand("run", "run PROGRAM [ARGS...] with the environment that loads shmrdma");
+  auto* run = app.add_subcommand("run", "run [--private-sys] PROGRAM [ARGS...] with the environment that loads "
+                                      "shmrdma (--private-sys, root: /sys/class/infiniband shows our devices, in a "
+                                      "private mount namespace)");
   auto* port = app.add_subcommand("port", "take a port down or up (port state, sysfs, IBV_EVENT_PORT_ERR/ACTIVE)");
   uint32_t port_num = 1;
   std::string port_state;

@@ -447,6 +447,19 @@ TEST_F(RoceCtl, BadInputLeavesNothingBehind) {
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// Consumers that read /sys/class/infiniband directly (UCX's GID type
+// detection) see our tree with `run --private-sys`; the host's /sys does not change.
+TEST_F(RoceCtl, PrivateSysShowsTheTreeWhereUcxLooks) {
+  up_a();
+  const bool host_had = fs::exists("/sys/class/infiniband/roceA");
+  Result r = shm(ns_a_, {"run", "--private-sys", "sh", "-c",
+                         "cat /sys/class/infiniband/roceA/ports/1/gid_attrs/types/1 "
+                         "/sys/class/infiniband/roceA/ports/1/gid_attrs/ndevs/1 /sys/class/net/" + if_a_ + "/mtu"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(r.out, "RoCE v2\n" + if_a_ + "\n1500\n");
+  EXPECT_EQ(fs::exists("/sys/class/infiniband/roceA"), host_had) << "the host's /sys changed";
+}
+
 // One request to the daemon's socket; the reply line ("" when none).
 std::string talk(const std::string& sock, const std::string& bytes, bool wait_reply = true) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
