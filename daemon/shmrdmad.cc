@@ -259,7 +259,7 @@ void Daemon::refresh_device(Served& d) {
     return;
   }
   PortNetView cur;
-  if (d.reg->port_net(1, &cur) != 0) cur = PortNetView{};  // a dead writer's record: rewritten whole
+  if (d.reg->port_net_settled(1, &cur) != 0) cur = PortNetView{};  // a dead writer's record: rewritten whole
   PortNetView next = net::port_view(s, rc == 0, static_cast<layout::GidLayout>(b.gid_layout), cur);
   PortNetChange c;
   if (apply_port_net(*d.reg, 1, next, &c, &why) != 0) {

@@ -557,7 +557,7 @@ int cmd_status(const std::string& home, bool json) {
     }
     for (uint32_t i = 0; i < d.num_ports; ++i) {
       shmrdma::PortNetView v;
-      const int vrc = reg.port_net(i + 1, &v);
+      const int vrc = reg.port_net_settled(i + 1, &v);
       nlohmann::json pj = {{"port", i + 1}, {"lid", eth ? 0 : d.ports[i].lid},
                            {"state", reg.port_state(i + 1) == shmrdma::layout::kPortDown ? "DOWN" : "ACTIVE"},
                            {"gid0", "fe80::" + shmrdma::guid_string(d.ports[i].port_guid)}};
