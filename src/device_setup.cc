@@ -188,7 +188,7 @@ int write_sysfs(const DevicePaths& p, const Registry& reg, std::string* why) {
     w.file(pd + "/link_layer", eth ? "Ethernet" : "InfiniBand");
     w.file(pd + "/cap_mask", eth ? "0x00010000" : "0x00000000");  // RoCE: IB_PORT_CM_SUP, as rxe
     PortNetView v;
-    if (int rc = reg.port_net(i + 1, &v); rc && !w.rc) w.rc = rc;
+    if (int rc = reg.port_net_settled(i + 1, &v); rc && !w.rc) w.rc = rc;
     if (!w.rc) write_port_files(w, p, d, i + 1, v);
     for (uint32_t k = 0; k < limits::kPkeyTableLen; ++k) w.file(pd + "/pkeys/" + std::to_string(k), "0xffff");
   }
@@ -197,7 +197,7 @@ int write_sysfs(const DevicePaths& p, const Registry& reg, std::string* why) {
     // Rewritten whole, since the interface may have been renamed.
     remove_tree(p.ibdev_dir + "/device/net");
     PortNetView v;
-    if (reg.port_net(1, &v) == 0 && v.ifname[0] && (v.link & layout::kLinkPresent)) {
+    if (reg.port_net_settled(1, &v) == 0 && v.ifname[0] && (v.link & layout::kLinkPresent)) {
       w.dir(p.ibdev_dir + "/device/net/" + v.ifname);
       w.file(p.ibdev_dir + "/device/net/" + v.ifname + "/ifindex", std::to_string(d.net.ifindex));
     }
@@ -368,6 +368,12 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
                              : " of another network namespace")
                   : std::string("an InfiniBand device")) +
              " (choose another --name, or `shmrdma down --name " + name + "` first)";
+      return EEXIST;
+    }
+    if (have.gid_layout != roce->binding.gid_layout) {
+      *why = "device " + name + " is already up with the " +
+             (have.gid_layout == layout::kGidLayoutMlx5 ? "mlx5" : "rxe") +
+             " GID layout; bring it down first to change that";
       return EEXIST;
     }
     if ((rc = apply_port_net(reg, 1, roce->port, nullptr, why)) != 0) return rc;

@@ -17,8 +17,12 @@ using layout::PortNet;
 namespace {
 
 // Bounded: a reader never spins on a writer that died holding the seqlock.
-// A live writer holds it for a few hundred nanoseconds.
-constexpr int kSeqRetries = 1000;
+// A live writer holds it for well under a microsecond, unless it is
+// preempted right then: the yields give it the CPU back. A few microseconds
+// in all, whatever the load (a sched_yield on a busy machine can cost a
+// time slice, so there are few of them).
+constexpr int kSeqSpins = 64;
+constexpr int kSeqYields = 8;
 
 uint64_t load_word(const std::atomic<uint64_t>& w) { return w.load(std::memory_order_relaxed); }
 
@@ -82,7 +86,7 @@ int read_port_net(const layout::RegistrySegment& seg, uint32_t num_ports, uint32
   if (port < 1 || port > num_ports || port > limits::kMaxPorts) return EINVAL;
   const PortNet& n = seg.net[port - 1];
   PortNetView v;
-  for (int i = 0; i < kSeqRetries; ++i) {
+  for (int i = 0; i < kSeqSpins + kSeqYields; ++i) {
     // The port state lives in PortRecord (one byte, its own writer rules).
     v.state = std::atomic_ref<uint8_t>(const_cast<uint8_t&>(seg.device.ports[port - 1].state))
                   .load(std::memory_order_relaxed);
@@ -94,7 +98,7 @@ int read_port_net(const layout::RegistrySegment& seg, uint32_t num_ports, uint32
       *out = v;
       return 0;
     }
-    if (i > 8) sched_yield();
+    if (i >= kSeqSpins) sched_yield();
   }
   return EAGAIN;
 }

@@ -53,8 +53,11 @@ struct PortNetView {
 
 // Snapshot of port `port` (1-based) of a mapped registry whose validated
 // num_ports is `num_ports`. 0; EINVAL for a port out of range; EAGAIN when a
-// writer held the seqlock through every bounded retry (a writer that died
-// mid-update: the next `shmrdma up` or the daemon repairs it).
+// writer held the seqlock through every bounded retry (a few microseconds:
+// a writer that died mid-update, repaired by the next `shmrdma up` or the
+// daemon, or a live one preempted mid-update). Data paths treat EAGAIN as
+// "not found now" (a UD drop, an RC retry); control paths use
+// Registry::port_net_settled, which waits up to 100 ms.
 int read_port_net(const layout::RegistrySegment& seg, uint32_t num_ports, uint32_t port, PortNetView* out) noexcept;
 
 // The sequence value only (acquire): a caller that cached a lookup result

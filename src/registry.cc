@@ -250,6 +250,15 @@ int Registry::port_net(uint32_t port, PortNetView* out) const noexcept {
   return read_port_net(*seg(), device_.num_ports, port, out);
 }
 
+int Registry::port_net_settled(uint32_t port, PortNetView* out) const noexcept {
+  int rc = port_net(port, out);
+  for (int i = 0; i < 100 && rc == EAGAIN; ++i) {
+    ::usleep(1000);
+    rc = port_net(port, out);
+  }
+  return rc;
+}
+
 uint32_t Registry::port_net_seq(uint32_t port) const noexcept {
   return valid() ? shmrdma::port_net_seq(*seg(), device_.num_ports, port) : 0;
 }

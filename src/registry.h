@@ -112,6 +112,9 @@ class Registry {
   // The live record of a port: 0, EINVAL (no such port), EAGAIN (a writer
   // died mid-update and nobody repaired it yet).
   int port_net(uint32_t port, PortNetView* out) const noexcept;
+  // port_net for control paths (query_port, sysfs, status, the daemon):
+  // retries EAGAIN for up to 100 ms.
+  int port_net_settled(uint32_t port, PortNetView* out) const noexcept;
   // Its seqlock value: unchanged since a snapshot means the snapshot still holds.
   uint32_t port_net_seq(uint32_t port) const noexcept;
   // Index of `gid` (type layout::GidType or kGidTypeAny) in the port's table.

@@ -1,6 +1,11 @@
 // The `shmrdma` command: device lifecycle (up, down), the environment that
 // makes the stock libibverbs load our plugin (env, run), and status.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <limits.h>
 #include <link.h>
 #include <unistd.h>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "context.h"
+#include "daemon_client.h"
 #include "device_setup.h"
 #include "gid_table.h"
 #include "net/netif.h"
@@ -186,6 +192,61 @@ const char* wq_state_name(uint32_t s) {
   }
 }
 
+// The daemon binary: $SHMRDMAD, the build tree's daemon/shmrdmad, or next
+// to this executable once installed.
+std::string daemon_binary() {
+  if (const char* d = std::getenv("SHMRDMAD"); d && *d) return d;
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "shmrdmad";
+  buf[n] = '\0';
+  std::string exe_dir = dirname_of(buf);
+  if (std::string b = dirname_of(exe_dir) + "/daemon/shmrdmad"; exists(b)) return b;
+  return exe_dir + "/shmrdmad";
+}
+
+// The daemon of this state home and network namespace answers, starting it
+// when it does not. 0, or an errno with a sentence in *why.
+int ensure_daemon(const std::string& home, shmrdma::DaemonPaths* out, bool* started, std::string* why) {
+  uint64_t dev = 0, ino = 0;
+  if (int rc = shmrdma::current_netns(&dev, &ino); rc) {
+    *why = std::string("cannot identify this network namespace: ") + std::strerror(rc);
+    return rc;
+  }
+  *out = shmrdma::daemon_paths(home, dev, ino);
+  *started = false;
+  std::string reply;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (shmrdma::daemon_request(*out, "refresh", &reply, 2000) == 0 && reply.rfind("ok", 0) == 0) return 0;
+    if (attempt > 0) {
+      ::usleep(100000);  // one that is stopping still holds the lock
+      if (attempt % 5 != 0) continue;
+    }
+    const std::string bin = daemon_binary();
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      *why = std::string("fork: ") + std::strerror(errno);
+      return errno;
+    }
+    if (pid == 0) {
+      ::execl(bin.c_str(), bin.c_str(), "--home", home.c_str(), static_cast<char*>(nullptr));
+      fmt::print(stderr, "shmrdma up: cannot run the daemon {}: {}\n", bin, std::strerror(errno));
+      ::_exit(127);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    if (code == 0) *started = true;
+    else if (code != 3) {  // 3: another one runs (or is stopping); ask it again
+      *why = "the daemon " + bin + " did not start (exit " + std::to_string(code) + "; see " + out->log + ")";
+      return EIO;
+    }
+  }
+  *why = "the daemon does not answer on " + out->sock + " (see " + out->log + ")";
+  return ETIMEDOUT;
+}
+
 const char* mtu_text(uint32_t m) {
   switch (m) {
     case 1: return "256";
@@ -198,7 +259,8 @@ const char* mtu_text(uint32_t m) {
 
 // Reads the interface and checks it can carry a RoCE device; nothing is
 // created before every check passed.
-bool roce_spec(const std::string& netdev, const std::string& gid_layout, shmrdma::RoceSpec* spec, std::string* why) {
+bool roce_spec(const std::string& home, const std::string& name, const std::string& netdev, const std::string& gid_layout,
+               bool layout_given, shmrdma::RoceSpec* spec, std::string* why) {
   namespace layout = shmrdma::layout;
   shmrdma::net::InterfaceState s;
   if (int rc = shmrdma::net::read_interface(netdev, 0, &s, why); rc) {
@@ -228,6 +290,14 @@ bool roce_spec(const std::string& netdev, const std::string& gid_layout, shmrdma
   b.ifindex = s.ifindex;
   b.link_layer = layout::kLinkLayerEthernet;
   b.gid_layout = gid_layout == "mlx5" ? layout::kGidLayoutMlx5 : layout::kGidLayoutRxe;
+  if (!layout_given) {
+    // `up` of a device that exists keeps its layout unless told otherwise
+    // (device_up refuses a different one).
+    shmrdma::Registry reg;
+    if (shmrdma::Registry::attach(shmrdma::device_paths(home, name), &reg) == 0 &&
+        reg.device().net.link_layer == layout::kLinkLayerEthernet)
+      b.gid_layout = reg.device().net.gid_layout;
+  }
   std::memcpy(b.mac, s.mac, 6);
   std::snprintf(b.ifname, sizeof b.ifname, "%s", s.name.c_str());
   spec->port = shmrdma::net::port_view(s, true, static_cast<layout::GidLayout>(b.gid_layout), shmrdma::PortNetView{});
@@ -235,11 +305,11 @@ bool roce_spec(const std::string& netdev, const std::string& gid_layout, shmrdma
 }
 
 int cmd_up(const std::string& home, const std::string& name, uint32_t ports, const std::string& netdev,
-           const std::string& gid_layout) {
+           const std::string& gid_layout, bool layout_given) {
   shmrdma::UpResult r;
   std::string why;
   shmrdma::RoceSpec spec;
-  if (!netdev.empty() && !roce_spec(netdev, gid_layout, &spec, &why)) {
+  if (!netdev.empty() && !roce_spec(home, name, netdev, gid_layout, layout_given, &spec, &why)) {
     fmt::print(stderr, "shmrdma up: {}\n", why);
     return 1;
   }
@@ -271,6 +341,25 @@ int cmd_up(const std::string& home, const std::string& name, uint32_t ports, con
     }
   }
   if (r.reclaimed) fmt::print("reclaimed {} context(s) of dead processes\n", r.reclaimed);
+  // A RoCE device follows its interface through the daemon of this
+  // namespace: started (or restarted) here.
+  if (shmrdma::Registry reg2; shmrdma::Registry::attach(p, &reg2) == 0 &&
+                              reg2.device().net.link_layer == shmrdma::layout::kLinkLayerEthernet) {
+    uint64_t dev = 0, ino = 0;
+    const auto& b = reg2.device().net;
+    if (shmrdma::current_netns(&dev, &ino) == 0 && (dev != b.netns_dev || ino != b.netns_ino)) {
+      fmt::print(stderr, "shmrdma up: {} is bound to an interface of another network namespace; run `shmrdma up` "
+                 "there to (re)start the daemon that follows it\n", name);
+    } else {
+      shmrdma::DaemonPaths dp;
+      bool started = false;
+      if (int drc = ensure_daemon(home, &dp, &started, &why); drc) {
+        fmt::print(stderr, "shmrdma up: {} is up but will not follow {}: {}\n", name, b.ifname, why);
+        return 1;
+      }
+      if (started) fmt::print("started shmrdmad (pid {}, log {})\n", shmrdma::daemon_pid(dp), dp.log);
+    }
+  }
   if (!r.cdev_ready) {
     fmt::print(stderr,
                "shmrdma up: cannot create the device node {} (needs root once).\n"
@@ -283,11 +372,29 @@ int cmd_up(const std::string& home, const std::string& name, uint32_t ports, con
 
 int cmd_down(const std::string& home, const std::string& name, bool force) {
   std::string why;
+  // The daemon following a RoCE device is told right away (it stops with
+  // the last device of its namespace); it would notice within a second anyway.
+  bool roce = false;
+  shmrdma::DaemonPaths dp;
+  if (shmrdma::Registry reg; shmrdma::Registry::attach(shmrdma::device_paths(home, name), &reg) == 0) {
+    const auto& b = reg.device().net;
+    roce = b.link_layer == shmrdma::layout::kLinkLayerEthernet;
+    dp = shmrdma::daemon_paths(home, b.netns_dev, b.netns_ino);
+  }
   if (int rc = shmrdma::device_down(home, name, force, &why); rc) {
     fmt::print(stderr, "shmrdma down: {}\n", why);
     return 1;
   }
   fmt::print("removed {}\n", name);
+  if (roce) {
+    std::string reply;
+    if (shmrdma::daemon_request(dp, "refresh", &reply, 2000) == 0 && reply.find("devices=0") != std::string::npos) {
+      const int pid = shmrdma::daemon_pid(dp);
+      (void)shmrdma::daemon_request(dp, "stop", &reply, 2000);
+      for (int i = 0; i < 100 && pid > 0 && shmrdma::daemon_pid(dp) == pid; ++i) ::usleep(20000);
+      fmt::print("stopped shmrdmad (pid {}): no RoCE device left in its network namespace\n", pid);
+    }
+  }
   return 0;
 }
 
@@ -296,10 +403,71 @@ int cmd_env(const std::string& home) {
   return 0;
 }
 
+// `shmrdma run --private-sys`: programs that read /sys/class/infiniband
+// directly (UCX's GID type detection, pyverbs' device/net) see our tree
+// there. In a private mount namespace (root only) /sys/class becomes a
+// tmpfs holding bind mounts of every original class directory, plus
+// infiniband and infiniband_verbs from the state home. Nothing outside the
+// program's own mount namespace changes.
+int private_sys(const std::string& home, std::string* why) {
+  if (::geteuid() != 0) {
+    *why = "--private-sys needs root (a private mount namespace)";
+    return EPERM;
+  }
+  const std::string ours = home + "/sys/class";
+  if (::access((ours + "/infiniband").c_str(), F_OK) != 0) {
+    *why = "no devices under " + home + " (shmrdma up first)";
+    return ENOENT;
+  }
+  int orig = -1;
+  auto fail = [&](const std::string& what) {
+    *why = what + ": " + std::strerror(errno);
+    int e = errno;
+    if (orig >= 0) ::close(orig);
+    return e;
+  };
+  if (::unshare(CLONE_NEWNS) != 0) return fail("unshare(CLONE_NEWNS)");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return fail("making / private");
+  // Opened in the new namespace: bind mounts take their source from it.
+  if ((orig = ::open("/sys/class", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return fail("/sys/class");
+  std::vector<std::string> classes;
+  if (DIR* d = ::opendir(("/proc/self/fd/" + std::to_string(orig)).c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.' && std::strcmp(e->d_name, "infiniband") && std::strcmp(e->d_name, "infiniband_verbs"))
+        classes.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  if (::mount("tmpfs", "/sys/class", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755") != 0)
+    return fail("mounting a tmpfs on /sys/class");
+  const std::string from = "/proc/self/fd/" + std::to_string(orig) + "/";
+  for (const std::string& c : classes) {
+    const std::string to = "/sys/class/" + c;
+    if (::mkdir(to.c_str(), 0755) != 0 || ::mount((from + c).c_str(), to.c_str(), nullptr, MS_BIND | MS_REC, nullptr))
+      return fail("bind-mounting " + to);
+  }
+  for (const char* c : {"infiniband", "infiniband_verbs"}) {
+    const std::string to = std::string("/sys/class/") + c;
+    if (::mkdir(to.c_str(), 0755) != 0 || ::mount((ours + "/" + c).c_str(), to.c_str(), nullptr, MS_BIND, nullptr))
+      return fail("bind-mounting " + to);
+  }
+  ::close(orig);
+  return 0;
+}
+
 int cmd_run(const std::string& home, std::vector<std::string> argv) {
+  bool priv = false;
+  if (!argv.empty() && argv[0] == "--private-sys") {
+    priv = true;
+    argv.erase(argv.begin());
+    if (!argv.empty() && argv[0] == "--") argv.erase(argv.begin());
+  }
   if (argv.empty()) {
-    fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--] PROGRAM [ARGS...])\n");
+    fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--private-sys] [--] PROGRAM [ARGS...])\n");
     return 2;
+  }
+  if (std::string why; priv && private_sys(home, &why) != 0) {
+    fmt::print(stderr, "shmrdma run: {}\n", why);
+    return 126;
   }
   for (const auto& [k, v] : environment(home).vars) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> args;
@@ -409,10 +577,46 @@ int cmd_status(const std::string& home, bool json) {
     std::string cerr;
     nlohmann::json pc = port_counters_json(reg, &cerr);  // also refreshes the sysfs counter files
     if (!cerr.empty()) dj["counters_error"] = cerr;
+    const bool eth = d.net.link_layer == shmrdma::layout::kLinkLayerEthernet;
+    dj["link_layer"] = eth ? "Ethernet" : "InfiniBand";
+    if (eth) {
+      shmrdma::PortNetView v;
+      (void)reg.port_net(1, &v);
+      uint64_t dev = 0, ino = 0;
+      const bool here = shmrdma::current_netns(&dev, &ino) == 0 && dev == d.net.netns_dev && ino == d.net.netns_ino;
+      dj["netdev"] = {{"name", v.ifname},
+                      {"ifindex", d.net.ifindex},
+                      {"name_at_creation", d.net.ifname},
+                      {"netns", std::to_string(d.net.netns_dev) + ":" + std::to_string(d.net.netns_ino)},
+                      {"netns_is_ours", here},
+                      {"present", (v.link & shmrdma::layout::kLinkPresent) != 0},
+                      {"up", (v.link & shmrdma::layout::kLinkUp) != 0},
+                      {"carrier", (v.link & shmrdma::layout::kLinkCarrier) != 0},
+                      {"mtu", v.ifmtu},
+                      {"speed_mbps", v.speed_mbps}};
+      dj["gid_layout"] = d.net.gid_layout == shmrdma::layout::kGidLayoutMlx5 ? "mlx5" : "rxe";
+      shmrdma::DaemonPaths dp = shmrdma::daemon_paths(home, d.net.netns_dev, d.net.netns_ino);
+      const int pid = shmrdma::daemon_pid(dp);
+      dj["daemon"] = {{"running", pid > 0}, {"pid", pid}, {"log", dp.log}, {"socket", dp.sock}};
+    }
     for (uint32_t i = 0; i < d.num_ports; ++i) {
-      nlohmann::json pj = {{"port", i + 1}, {"lid", d.ports[i].lid},
+      shmrdma::PortNetView v;
+      const int vrc = reg.port_net_settled(i + 1, &v);
+      nlohmann::json pj = {{"port", i + 1}, {"lid", eth ? 0 : d.ports[i].lid},
                            {"state", reg.port_state(i + 1) == shmrdma::layout::kPortDown ? "DOWN" : "ACTIVE"},
                            {"gid0", "fe80::" + shmrdma::guid_string(d.ports[i].port_guid)}};
+      if (vrc == 0) {
+        pj["phys_state"] = v.phys_state == 5 ? "LINK_UP" : "DISABLED";
+        pj["active_mtu"] = std::stoi(mtu_text(v.active_mtu));
+        pj["gids"] = nlohmann::json::array();
+        for (uint32_t g = 0; g < shmrdma::limits::kGidTableLen; ++g)
+          if (v.valid(g))
+            pj["gids"].push_back({{"index", g}, {"gid", shmrdma::gid_short_text(v.gids[g].gid)},
+                                  {"type", v.gids[g].type == shmrdma::layout::kGidTypeRoceV2 ? "RoCE v2"
+                                           : v.gids[g].type == shmrdma::layout::kGidTypeRoceV1 ? "RoCE v1"
+                                                                                               : "IB"}});
+        if (eth && !pj["gids"].empty()) pj["gid0"] = pj["gids"][0]["gid"];
+      }
       if (i < pc.size()) {
         pj["counters"] = pc[i]["counters"];
         pj["hw_counters"] = pc[i]["hw_counters"];
@@ -456,9 +660,35 @@ int cmd_status(const std::string& home, bool json) {
     }
     fmt::print("{}: node GUID {}, device node {}\n", dj["name"].get<std::string>(),
                dj["node_guid"].get<std::string>(), dj["device_node"].get<std::string>());
+    const bool eth = dj["link_layer"] == "Ethernet";
+    if (eth) {
+      const auto& nd = dj["netdev"];
+      fmt::print("  RoCE on {} (ifindex {}{}): {}{}, MTU {}, GID layout {}\n",
+                 nd["present"].get<bool>() ? nd["name"].get<std::string>() : nd["name_at_creation"].get<std::string>(),
+                 nd["ifindex"].get<uint32_t>(), nd["netns_is_ours"].get<bool>() ? "" : ", another network namespace",
+                 !nd["present"].get<bool>() ? "interface gone" : nd["up"].get<bool>() ? "up" : "down",
+                 nd["present"].get<bool>() && nd["up"].get<bool>() && !nd["carrier"].get<bool>() ? ", no carrier" : "",
+                 nd["mtu"].get<uint32_t>(), dj["gid_layout"].get<std::string>());
+      const auto& dm = dj["daemon"];
+      if (dm["running"].get<bool>())
+        fmt::print("  followed by shmrdmad pid {} (log {})\n", dm["pid"].get<int>(), dm["log"].get<std::string>());
+      else
+        fmt::print("  shmrdmad is not running: the device does not follow {} (`shmrdma up --name {} --netdev {}` "
+                   "in its namespace restarts it; log {})\n",
+                   nd["name"].get<std::string>(), dj["name"].get<std::string>(), nd["name"].get<std::string>(),
+                   dm["log"].get<std::string>());
+    }
     for (const auto& pj : dj["ports"]) {
-      fmt::print("  port {}: {} LID {} GID[0] {}\n", pj["port"].get<int>(), pj["state"].get<std::string>(),
-                 pj["lid"].get<int>(), pj["gid0"].get<std::string>());
+      if (eth) {
+        fmt::print("  port {}: {} ({}), active_mtu {}\n", pj["port"].get<int>(), pj["state"].get<std::string>(),
+                   pj.value("phys_state", std::string("?")), pj.value("active_mtu", 0));
+        for (const auto& g : pj.value("gids", nlohmann::json::array()))
+          fmt::print("    GID[{}] {}, {}\n", g["index"].get<int>(), g["gid"].get<std::string>(),
+                     g["type"].get<std::string>());
+      } else {
+        fmt::print("  port {}: {} LID {} GID[0] {}\n", pj["port"].get<int>(), pj["state"].get<std::string>(),
+                   pj["lid"].get<int>(), pj["gid0"].get<std::string>());
+      }
       print_port_counters(pj);
     }
     if (dj.contains("counters_error"))
@@ -523,7 +753,9 @@ int main(int argc, char** argv) {
   down->add_option("--name", name, "device name")->capture_default_str();
   down->add_flag("--force", force, "remove it even while processes use it");
   auto* env = app.add_subcommand("env", "print export lines for eval, to use the devices from this shell");
-  auto* run = app.add_subcommand("run", "run PROGRAM [ARGS...] with the environment that loads shmrdma");
+  auto* run = app.add_subcommand("run", "run [--private-sys] PROGRAM [ARGS...] with the environment that loads "
+                                      "shmrdma (--private-sys, root: /sys/class/infiniband shows our devices, in a "
+                                      "private mount namespace)");
   auto* port = app.add_subcommand("port", "take a port down or up (port state, sysfs, IBV_EVENT_PORT_ERR/ACTIVE)");
   uint32_t port_num = 1;
   std::string port_state;
@@ -565,7 +797,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "shmrdma up: --gid-layout needs --netdev (it is the layout of a RoCE device)\n");
       return 2;
     }
-    return cmd_up(home, name, ports, netdev, gid_layout);
+    return cmd_up(home, name, ports, netdev, gid_layout, up->count("--gid-layout") > 0);
   }
   if (*down) return cmd_down(home, name, force);
   if (*env) return cmd_env(home);

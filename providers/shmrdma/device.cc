@@ -81,7 +81,7 @@ int query_port(ibv_context* ibctx, uint8_t port_num, ibv_port_attr* attr) noexce
   const layout::PortRecord& p = dev.ports[port_num - 1];
   // The live record: state, MTU and rate follow the interface on RoCE.
   PortNetView v;
-  if (int rc = core->registry().port_net(port_num, &v); rc) return rc;
+  if (int rc = core->registry().port_net_settled(port_num, &v); rc) return rc;
   const bool eth = dev.net.link_layer == layout::kLinkLayerEthernet;
   *attr = ibv_port_attr{};
   attr->state = static_cast<ibv_port_state>(v.state);

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -259,8 +260,9 @@ TEST_F(PortNetTest, SnapshotsAreConsistentUnderAConcurrentWriter) {
   // The writer alternates between two tables whose entries all carry the
   // same last byte and MTUs that go with it; a torn snapshot mixes them.
   std::atomic<bool> stop{false};
+  std::atomic<uint32_t> writes{0};
   std::thread writer([&] {
-    for (uint32_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+    for (uint32_t i = 0; !stop.load(std::memory_order_relaxed); ++i, writes.fetch_add(1)) {
       PortNetView n;
       n.link = layout::kLinkPresent | layout::kLinkUp | layout::kLinkCarrier;
       const uint8_t k = (i & 1) ? 0x11 : 0x22;
@@ -275,8 +277,11 @@ TEST_F(PortNetTest, SnapshotsAreConsistentUnderAConcurrentWriter) {
   });
   Registry reader;
   ASSERT_EQ(Registry::attach(device_paths(home_, "utroce1"), &reader), 0);
+  // Until enough snapshots of the writer's tables were checked, at most 20 s
+  // (a loaded machine may start the writer late).
   int checked = 0;
-  for (int i = 0; i < 20000; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((checked < 2000 || writes.load() < 100) && std::chrono::steady_clock::now() < deadline) {
     PortNetView v;
     int rc = reader.port_net(1, &v);
     if (rc == EAGAIN) continue;

@@ -1,0 +1,528 @@
+// The control plane of RoCE devices, as a user sees it (as root): two
+// network namespaces joined by a veth pair, one state home shared by both,
+// `shmrdma up --netdev` in each. Stock tools (ibv_devinfo, ibv_asyncwatch)
+// and roce_probe (ibv_query_port / ibv_query_gid(_ex) / ibv_query_gid_table
+// through the stock libibverbs) run inside the namespaces with
+// `ip netns exec NS shmrdma run ...`.
+//
+// Every test makes its own namespaces and interfaces, named after the test
+// process's pid, with addresses from 198.18.0.0/15, and removes them (and
+// the daemons of its home) in TearDown, also when it fails. Without root or
+// without `ip` the tests skip and say why.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+
+namespace {
+
+using itest::Child;
+using itest::Result;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string env(const char* n) {
+  const char* v = std::getenv(n);
+  return v ? v : "";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// The full form libibverbs parses from sysfs.
+std::string full_gid(const std::string& text) {
+  uint8_t g[16];
+  if (inet_pton(AF_INET6, text.c_str(), g) != 1) return "bad:" + text;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x", g[0], g[1],
+                g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]);
+  return buf;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+size_t count_of(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// Polls `pred` every 20 ms for up to `ms`; how long it took, or -1.
+long within(int ms, const std::function<bool()>& pred) {
+  auto start = Clock::now();
+  for (;;) {
+    if (pred()) return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    if (Clock::now() - start > std::chrono::milliseconds(ms)) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
+// the handler then becomes a shell that removes what the test made
+// (execve is async-signal-safe), so no namespace or daemon outlives it.
+char g_cleanup[4096];
+void on_fatal_signal(int) {
+  const char* argv[] = {"/bin/sh", "-c", g_cleanup, nullptr};
+  ::execv("/bin/sh", const_cast<char* const*>(argv));
+  ::_exit(1);
+}
+
+// A long-running child of the test (ibv_asyncwatch) is killed first.
+void cleanup_also_kills(pid_t pid) {
+  std::string c = "kill -9 " + std::to_string(pid) + "; " + g_cleanup;
+  std::snprintf(g_cleanup, sizeof g_cleanup, "%s", c.c_str());
+}
+
+class RoceCtl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
+    if (!itest::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
+    bin_ = env("SHMRDMA_BIN");
+    probe_ = env("ROCE_PROBE_BIN");
+    ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and ROCE_PROBE_BIN";
+    const std::string id = std::to_string(::getpid());
+    ns_a_ = "shmrdma-rt" + id + "a";
+    ns_b_ = "shmrdma-rt" + id + "b";
+    if_a_ = "rtA" + id;
+    if_b_ = "rtB" + id;
+    const int octet = static_cast<int>(::getpid() % 250) + 1;
+    net_ = "198.18." + std::to_string(octet) + ".";
+    char tmpl[] = "/tmp/shmrdma-roce-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    home_ = tmpl;
+    made_ = true;
+    std::snprintf(g_cleanup, sizeof g_cleanup,
+                  "for f in %s/daemon/*.pid; do [ -f \"$f\" ] && kill -9 $(cut -d' ' -f1 \"$f\"); done; "
+                  "for d in %s/devices/*; do [ -d \"$d\" ] || continue; n=$(basename \"$d\"); "
+                  "for ns in %s %s; do ip netns exec $ns %s --home %s down --force --name $n; done; "
+                  "%s --home %s down --force --name $n; done; "
+                  "ip netns del %s; ip netns del %s; rm -rf %s; exit 1",
+                  home_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), bin_.c_str(), home_.c_str(),
+                  bin_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), home_.c_str());
+    ::signal(SIGTERM, on_fatal_signal);
+    ::signal(SIGINT, on_fatal_signal);
+    ::signal(SIGPIPE, SIG_IGN);
+    ip({"netns", "add", ns_a_});
+    ip({"netns", "add", ns_b_});
+    ip({"link", "add", if_a_, "type", "veth", "peer", "name", if_b_});
+    ip({"link", "set", if_a_, "netns", ns_a_});
+    ip({"link", "set", if_b_, "netns", ns_b_});
+    ip({"-n", ns_a_, "addr", "add", net_ + "1/24", "dev", if_a_});
+    ip({"-n", ns_b_, "addr", "add", net_ + "2/24", "dev", if_b_});
+    ip({"-n", ns_a_, "link", "set", if_a_, "up"});
+    ip({"-n", ns_b_, "link", "set", if_b_, "up"});
+    ip({"-n", ns_a_, "link", "set", "lo", "up"});
+    ip({"-n", ns_b_, "link", "set", "lo", "up"});
+  }
+
+  void TearDown() override {
+    if (!made_) return;
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    // Devices first (their device nodes live in the machine-wide /dev), from
+    // the namespace they were made in, then whatever daemon is left.
+    for (const auto& ns : {ns_a_, ns_b_, std::string()}) {
+      if (::access((home_ + "/devices").c_str(), F_OK) != 0) break;
+      for (const auto& e : fs::directory_iterator(home_ + "/devices"))
+        (void)shm(ns, {"down", "--force", "--name", e.path().filename().string()});
+    }
+    if (DIR* d = ::opendir((home_ + "/daemon").c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n.size() < 4 || n.substr(n.size() - 4) != ".pid") continue;
+        long pid = std::atol(slurp(home_ + "/daemon/" + n).c_str());
+        if (pid > 1) ::kill(static_cast<pid_t>(pid), SIGKILL);
+      }
+      ::closedir(d);
+    }
+    itest::run({"ip", "netns", "del", ns_a_});
+    itest::run({"ip", "netns", "del", ns_b_});
+    std::error_code ec;
+    fs::remove_all(home_, ec);
+  }
+
+  void ip(std::vector<std::string> args) {
+    args.insert(args.begin(), "ip");
+    Result r = itest::run(args);
+    ASSERT_TRUE(r.ok()) << r.describe();
+  }
+
+  std::vector<std::string> in_ns(const std::string& ns, std::vector<std::string> args) {
+    if (ns.empty()) return args;
+    args.insert(args.begin(), {"ip", "netns", "exec", ns});
+    return args;
+  }
+  Result shm(const std::string& ns, std::vector<std::string> args, int timeout_ms = 30000) {
+    args.insert(args.begin(), {bin_, "--home", home_});
+    return itest::run(in_ns(ns, args), timeout_ms);
+  }
+  Result probe(const std::string& ns, const std::string& dev) {
+    return shm(ns, {"run", probe_, dev}, 10000);
+  }
+  nlohmann::json status(const std::string& ns) {
+    Result r = shm(ns, {"status", "--json"});
+    EXPECT_TRUE(r.ok()) << r.describe();
+    try {
+      return nlohmann::json::parse(r.out);
+    } catch (...) {
+      ADD_FAILURE() << "status --json is not JSON:\n" << r.out;
+      return {};
+    }
+  }
+  nlohmann::json device_json(const std::string& ns, const std::string& name) {
+    for (const auto& d : status(ns).value("devices", nlohmann::json::array()))
+      if (d.value("name", "") == name) return d;
+    return {};
+  }
+  std::string link_field(const std::string& ns, const std::string& ifname, const std::string& key) {
+    Result r = itest::run({"ip", "-n", ns, "-o", "link", "show", ifname});
+    std::smatch m;
+    if (key == "ifindex") {
+      if (std::regex_search(r.out, m, std::regex("^(\\d+):"))) return m[1];
+    } else if (std::regex_search(r.out, m, std::regex("link/ether ([0-9a-f:]+)"))) {
+      return m[1];
+    }
+    return "";
+  }
+  std::string port_dir(const std::string& dev) { return home_ + "/sys/class/infiniband/" + dev + "/ports/1"; }
+  // What a failed command must not leave behind.
+  std::set<std::string> footprint() {
+    std::set<std::string> s;
+    for (const char* sub : {"/devices", "/sys/class/infiniband", "/sys/class/infiniband_verbs", "/daemon"}) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(home_ + sub, ec))
+        if (e.path().extension() != ".log" && e.path().extension() != ".lock") s.insert(e.path().string());
+    }
+    return s;
+  }
+  void up_a() {
+    Result r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+    ASSERT_TRUE(r.ok()) << r.describe();
+  }
+
+  std::string bin_, probe_, home_, ns_a_, ns_b_, if_a_, if_b_, net_;
+  bool made_ = false;
+};
+
+TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
+  up_a();
+  Result r = shm(ns_b_, {"up", "--name", "roceB", "--netdev", if_b_});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  // An InfiniBand device in the same home, made outside both namespaces.
+  r = shm("", {"up", "--name", "ibx0"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+
+  struct Side {
+    std::string ns, dev, ifname, addr;
+  };
+  for (const Side& s : {Side{ns_a_, "roceA", if_a_, net_ + "1"}, Side{ns_b_, "roceB", if_b_, net_ + "2"}}) {
+    SCOPED_TRACE(s.dev);
+    r = shm(s.ns, {"run", "ibv_devinfo", "-v", "-d", s.dev});
+    ASSERT_TRUE(r.ok()) << r.describe();
+    EXPECT_EQ(r.err, "") << "ibv_devinfo wrote to stderr";
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("link_layer:\\s+Ethernet"))) << r.out;
+    EXPECT_TRUE(contains(r.out, "::ffff:" + s.addr + ", RoCE v2")) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("port_lid:\\s+0\\n"))) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("active_mtu:\\s+1024 \\(3\\)"))) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("max_mtu:\\s+4096 \\(5\\)"))) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("state:\\s+PORT_ACTIVE"))) << r.out;
+
+    const std::string ifindex = link_field(s.ns, s.ifname, "ifindex");
+    const std::string mac = link_field(s.ns, s.ifname, "mac");
+    ASSERT_FALSE(ifindex.empty() || mac.empty());
+    // EUI-64 of the MAC: universal/local bit flipped, ff:fe in the middle.
+    unsigned m[6];
+    ASSERT_EQ(std::sscanf(mac.c_str(), "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]), 6);
+    char guid[32], ll[64];
+    std::snprintf(guid, sizeof guid, "0x%02x%02x%02xfffe%02x%02x%02x", m[0] ^ 2, m[1], m[2], m[3], m[4], m[5]);
+    std::snprintf(ll, sizeof ll, "fe80::%x:%xff:fe%02x:%x", ((m[0] ^ 2) << 8) | m[1], m[2], m[3], (m[4] << 8) | m[5]);
+    r = probe(s.ns, s.dev);
+    ASSERT_TRUE(r.ok()) << r.describe();
+    EXPECT_TRUE(contains(r.out, std::string("node_guid ") + guid)) << r.out;
+    EXPECT_TRUE(contains(r.out, "link_layer=2 lid=0 sm_lid=0 lmc=0 gid_tbl_len=16 pkey_tbl_len=1")) << r.out;
+    EXPECT_TRUE(contains(r.out, "state=4 phys_state=5 active_mtu=3 max_mtu=5")) << r.out;
+    EXPECT_TRUE(contains(r.out, "width=1 speed=8")) << r.out;  // veth: 10 Gb/s, 1X FDR10 as the kernel maps it
+    EXPECT_TRUE(contains(r.out, "pkey 0 0xffff")) << r.out;
+    EXPECT_TRUE(contains(r.out, std::string("table 0 ") + ll + " type=2 ifindex=" + ifindex)) << r.out;
+    EXPECT_TRUE(contains(r.out, "table 1 ::ffff:" + s.addr + " type=2 ifindex=" + ifindex)) << r.out;
+    EXPECT_EQ(count_of(r.out, "\ntable "), 2u) << r.out;
+    EXPECT_TRUE(contains(r.out, "gid_ex 1 ::ffff:" + s.addr + " type=2 ifindex=" + ifindex)) << r.out;
+    EXPECT_TRUE(contains(r.out, "gid 7 ::\n")) << r.out;
+    // The sysfs shape libibverbs and its consumers read.
+    const std::string pd = port_dir(s.dev);
+    EXPECT_EQ(slurp(pd + "/gids/1"), full_gid("::ffff:" + s.addr));
+    EXPECT_EQ(slurp(pd + "/gids/9"), full_gid("::"));
+    EXPECT_EQ(slurp(pd + "/gid_attrs/types/1"), "RoCE v2");
+    EXPECT_EQ(slurp(pd + "/gid_attrs/types/15"), "IB/RoCE v1");
+    EXPECT_EQ(slurp(pd + "/gid_attrs/ndevs/1"), s.ifname);
+    EXPECT_EQ(slurp(pd + "/gid_attrs/ndevs/15"), "");
+    EXPECT_EQ(slurp(pd + "/link_layer"), "Ethernet");
+    EXPECT_EQ(slurp(pd + "/lid"), "0x0");
+    EXPECT_TRUE(fs::is_directory(home_ + "/sys/class/infiniband/" + s.dev + "/device/net/" + s.ifname));
+    // status: the binding, the table, the port and the daemon.
+    nlohmann::json d = device_json(s.ns, s.dev);
+    ASSERT_FALSE(d.is_null());
+    EXPECT_EQ(d["link_layer"], "Ethernet");
+    EXPECT_EQ(d["netdev"]["name"], s.ifname);
+    EXPECT_EQ(d["netdev"]["netns_is_ours"], true);
+    EXPECT_EQ(d["gid_layout"], "rxe");
+    EXPECT_EQ(d["daemon"]["running"], true);
+    EXPECT_EQ(d["ports"][0]["state"], "ACTIVE");
+    EXPECT_EQ(d["ports"][0]["active_mtu"], 1024);
+    EXPECT_EQ(d["ports"][0]["gids"][1]["gid"], "::ffff:" + s.addr);
+    EXPECT_EQ(d["ports"][0]["gids"][1]["type"], "RoCE v2");
+  }
+  // Every device of the home is visible from each namespace; the IB one is still IB.
+  r = shm(ns_a_, {"run", "ibv_devices"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  for (const char* d : {"roceA", "roceB", "ibx0"}) EXPECT_TRUE(contains(r.out, d)) << r.out;
+  r = shm(ns_a_, {"run", "ibv_devinfo", "-d", "ibx0"});
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("link_layer:\\s+InfiniBand"))) << r.out;
+  EXPECT_EQ(device_json("", "roceB")["netdev"]["netns_is_ours"], false);
+}
+
+TEST_F(RoceCtl, Mlx5LayoutHasV1V2Pairs) {
+  Result r = shm(ns_a_, {"up", "--name", "roceM", "--netdev", if_a_, "--gid-layout", "mlx5"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  r = probe(ns_a_, "roceM");
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "table 2 ::ffff:" + net_ + "1 type=1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "table 3 ::ffff:" + net_ + "1 type=2")) << r.out;
+  EXPECT_EQ(slurp(port_dir("roceM") + "/gid_attrs/types/2"), "IB/RoCE v1");
+  EXPECT_EQ(slurp(port_dir("roceM") + "/gid_attrs/types/3"), "RoCE v2");
+  r = shm(ns_a_, {"run", "ibv_devinfo", "-v", "-d", "roceM"});
+  // ibv_devinfo prints RoCE v1 GIDs in the raw form, v2 ones as addresses.
+  EXPECT_TRUE(contains(r.out, full_gid("::ffff:" + net_ + "1") + ", RoCE v1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "::ffff:" + net_ + "1, RoCE v2")) << r.out;
+}
+
+TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
+  up_a();
+  Child watch;
+  std::string why;
+  ASSERT_TRUE(watch.start(in_ns(ns_a_, {bin_, "--home", home_, "run", "ibv_asyncwatch", "-d", "roceA"}), &why)) << why;
+  cleanup_also_kills(watch.pid());
+  ASSERT_TRUE(watch.wait_for("roceA: async event FD", 20000)) << watch.stderr_text();
+  auto events = [&](const std::string& what) {
+    while (watch.read_line(20)) {
+    }
+    return count_of(watch.output_so_far(), what);
+  };
+  const std::string pd = port_dir("roceA");
+  const std::string ifindex = link_field(ns_a_, if_a_, "ifindex");
+  auto probe_has = [&](const std::string& what) { return contains(probe(ns_a_, "roceA").out, what); };
+  // Each change must show in sysfs, through libibverbs and as an event within 1 s.
+  auto expect_within_1s = [&](const char* what, const std::function<bool()>& pred) {
+    long ms = within(1000, pred);
+    if (ms < 0) {
+      const std::string log = device_json(ns_a_, "roceA")["daemon"].value("log", std::string());
+      ADD_FAILURE() << what << " not seen within 1 s; ibv_asyncwatch printed:\n"
+                    << watch.output_so_far() << "daemon log " << log << ":\n" << slurp(log);
+    }
+    return ms >= 0;
+  };
+
+  ip({"-n", ns_a_, "addr", "add", net_ + "9/24", "dev", if_a_});
+  expect_within_1s("address added", [&] {
+    return slurp(pd + "/gids/2") == full_gid("::ffff:" + net_ + "9") &&
+           probe_has("table 2 ::ffff:" + net_ + "9 type=2 ifindex=" + ifindex) &&
+           events("IBV_EVENT_GID_CHANGE (18), port 1") >= 1;
+  });
+
+  ip({"-n", ns_a_, "link", "set", if_a_, "mtu", "9000"});
+  expect_within_1s("MTU 9000 (active_mtu 4096)", [&] { return probe_has("active_mtu=5 max_mtu=5"); });
+
+  ip({"-n", ns_a_, "link", "set", if_a_, "down"});
+  expect_within_1s("link down", [&] {
+    return slurp(pd + "/state") == "1: DOWN" && slurp(pd + "/phys_state") == "3: Disabled" &&
+           probe_has("state=1 phys_state=3") && events("IBV_EVENT_PORT_ERR (10), port 1") >= 1;
+  });
+  ip({"-n", ns_a_, "link", "set", if_a_, "up"});
+  expect_within_1s("link up", [&] {
+    return slurp(pd + "/state") == "4: ACTIVE" && probe_has("state=4 phys_state=5") &&
+           events("IBV_EVENT_PORT_ACTIVE (9), port 1") >= 1;
+  });
+
+  // Carrier: the peer's end going down takes our carrier.
+  ip({"-n", ns_b_, "link", "set", if_b_, "down"});
+  expect_within_1s("carrier lost", [&] { return probe_has("state=1") && events("IBV_EVENT_PORT_ERR (10)") >= 2; });
+  ip({"-n", ns_b_, "link", "set", if_b_, "up"});
+  expect_within_1s("carrier back", [&] { return probe_has("state=4") && events("IBV_EVENT_PORT_ACTIVE (9)") >= 2; });
+
+  ip({"-n", ns_a_, "addr", "del", net_ + "9/24", "dev", if_a_});
+  expect_within_1s("address removed", [&] {
+    std::string out = probe(ns_a_, "roceA").out;
+    return slurp(pd + "/gids/2") == full_gid("::") && !contains(out, "::ffff:" + net_ + "9") &&
+           contains(out, "table 1 ::ffff:" + net_ + "1 type=2") && events("IBV_EVENT_GID_CHANGE (18)") >= 2;
+  });
+
+  // Renamed: the netdev name follows (libibverbs resolves it in our namespace).
+  const std::string renamed = "rtC" + std::to_string(::getpid());
+  ip({"-n", ns_a_, "link", "set", if_a_, "down"});
+  ip({"-n", ns_a_, "link", "set", if_a_, "name", renamed});
+  ip({"-n", ns_a_, "link", "set", renamed, "up"});
+  expect_within_1s("rename", [&] {
+    return slurp(pd + "/gid_attrs/ndevs/1") == renamed &&
+           fs::is_directory(home_ + "/sys/class/infiniband/roceA/device/net/" + renamed) &&
+           probe_has("table 1 ::ffff:" + net_ + "1 type=2 ifindex=" + ifindex) && probe_has("state=4");
+  });
+
+  // Gone from our namespace (moved away): no GIDs, port down.
+  const size_t gid_events = events("IBV_EVENT_GID_CHANGE (18)");
+  ip({"-n", ns_a_, "link", "set", renamed, "netns", ns_b_});
+  expect_within_1s("removal", [&] {
+    std::string out = probe(ns_a_, "roceA").out;
+    return contains(out, "state=1") && !contains(out, "\ntable ") && events("IBV_EVENT_GID_CHANGE (18)") > gid_events;
+  });
+  nlohmann::json d = device_json(ns_a_, "roceA");
+  EXPECT_EQ(d["netdev"]["present"], false);
+  const std::string log = slurp(d["daemon"]["log"]);
+  EXPECT_TRUE(contains(log, "GID added: ::ffff:" + net_ + "9")) << log;
+  EXPECT_TRUE(contains(log, "MTU 1500 -> 9000 (active_mtu 4096)")) << log;
+  EXPECT_TRUE(contains(log, "renamed to " + renamed)) << log;
+  EXPECT_TRUE(contains(log, "is gone")) << log;
+}
+
+TEST_F(RoceCtl, BadInputLeavesNothingBehind) {
+  auto refused = [&](const std::string& ns, std::vector<std::string> args, const std::string& message) {
+    const auto before = footprint();
+    Result r = shm(ns, args);
+    EXPECT_NE(r.exit_code, 0) << r.describe();
+    EXPECT_TRUE(contains(r.err, message)) << "expected \"" << message << "\" in:\n" << r.describe();
+    EXPECT_EQ(footprint(), before) << "a refused command left files behind";
+  };
+  refused(ns_a_, {"up", "--name", "roceX", "--netdev", "nosuch0"}, "no network interface 'nosuch0' in this network namespace");
+  // vethB exists, but in the other namespace.
+  refused(ns_a_, {"up", "--name", "roceX", "--netdev", if_b_}, "no network interface '" + if_b_ + "'");
+  // An interface with only a link-local address.
+  const std::string lz = "rtL" + std::to_string(::getpid()), lz2 = "rtM" + std::to_string(::getpid());
+  ip({"-n", ns_a_, "link", "add", lz, "type", "veth", "peer", "name", lz2});
+  ip({"-n", ns_a_, "link", "set", lz, "up"});
+  ip({"-n", ns_a_, "link", "set", lz2, "up"});
+  ASSERT_GE(within(5000, [&] { return contains(itest::run({"ip", "-n", ns_a_, "-6", "addr", "show", lz}).out, "fe80"); }), 0);
+  refused(ns_a_, {"up", "--name", "roceX", "--netdev", lz}, "has no IPv4 or global IPv6 address");
+  refused(ns_a_, {"up", "--name", "roceX", "--netdev", "lo"}, "not an Ethernet interface");
+  refused(ns_a_, {"up", "--name", "roceX", "--netdev", if_a_, "--ports", "2"}, "one port");
+  refused(ns_a_, {"up", "--name", "roceX", "--gid-layout", "mlx5"}, "--gid-layout needs --netdev");
+  refused(ns_a_, {"up", "--name", "rxeX", "--netdev", if_a_}, "must not contain \"rxe\"");
+  // Names already taken: by an InfiniBand device, by a RoCE device of another namespace.
+  ASSERT_TRUE(shm("", {"up", "--name", "ibx0"}).ok());
+  up_a();
+  refused(ns_a_, {"up", "--name", "ibx0", "--netdev", if_a_}, "already taken by an InfiniBand device");
+  refused(ns_b_, {"up", "--name", "roceA", "--netdev", if_b_},
+          "already taken by a RoCE device bound to " + if_a_ + " of another network namespace");
+  refused(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_, "--gid-layout", "mlx5"}, "already up with the rxe GID layout");
+  // Still what it was.
+  nlohmann::json d = device_json(ns_a_, "roceA");
+  EXPECT_EQ(d["netdev"]["name"], if_a_);
+  EXPECT_EQ(device_json("", "ibx0")["link_layer"], "InfiniBand");
+  // And `up` of the same binding again is fine (idempotent).
+  Result r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Consumers that read /sys/class/infiniband directly (UCX's GID type
+// detection) see our tree with `run --private-sys`; the host's /sys does not change.
+TEST_F(RoceCtl, PrivateSysShowsTheTreeWhereUcxLooks) {
+  up_a();
+  const bool host_had = fs::exists("/sys/class/infiniband/roceA");
+  Result r = shm(ns_a_, {"run", "--private-sys", "sh", "-c",
+                         "cat /sys/class/infiniband/roceA/ports/1/gid_attrs/types/1 "
+                         "/sys/class/infiniband/roceA/ports/1/gid_attrs/ndevs/1 /sys/class/net/" + if_a_ + "/mtu"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(r.out, "RoCE v2\n" + if_a_ + "\n1500\n");
+  EXPECT_EQ(fs::exists("/sys/class/infiniband/roceA"), host_had) << "the host's /sys changed";
+}
+
+// One request to the daemon's socket; the reply line ("" when none).
+std::string talk(const std::string& sock, const std::string& bytes, bool wait_reply = true) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", sock.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[256];
+  ssize_t n;
+  while (wait_reply && (n = ::recv(fd, buf, sizeof buf, 0)) > 0) {
+    got.append(buf, static_cast<size_t>(n));
+    if (got.find('\n') != std::string::npos) break;
+  }
+  ::close(fd);
+  if (auto nl = got.find('\n'); nl != std::string::npos) got.resize(nl);
+  return got;
+}
+
+TEST_F(RoceCtl, DaemonIsSupervisedAndSurvivesBadInput) {
+  up_a();
+  nlohmann::json d = device_json(ns_a_, "roceA");
+  ASSERT_EQ(d["daemon"]["running"], true) << d.dump(2);
+  const int pid = d["daemon"]["pid"];
+  const std::string sock = d["daemon"]["socket"];
+  EXPECT_TRUE(contains(slurp(d["daemon"]["log"]), "following roceA")) << slurp(d["daemon"]["log"]);
+  // Bad input: unknown requests, an endless line, a client that leaves at once.
+  EXPECT_EQ(talk(sock, "bogus request\n"), "error unknown request");
+  EXPECT_EQ(talk(sock, std::string(4000, 'x')), "error request too long");
+  (void)talk(sock, "pi", false);
+  EXPECT_EQ(talk(sock, std::string("\0\xff\n", 3)), "error unknown request");
+  EXPECT_TRUE(contains(talk(sock, "ping\n"), "ok pid=" + std::to_string(pid))) << "the daemon did not survive";
+
+  // Its death does not take the device down; `up` restarts it, and the
+  // change it missed is in the table at once.
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_GE(within(3000, [&] { return device_json(ns_a_, "roceA")["daemon"]["running"] == false; }), 0);
+  Result r = probe(ns_a_, "roceA");
+  EXPECT_TRUE(r.ok() && contains(r.out, "state=4")) << r.describe();
+  ip({"-n", ns_a_, "addr", "add", net_ + "7/24", "dev", if_a_});
+  r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "started shmrdmad")) << r.out;
+  EXPECT_TRUE(contains(r.out, "::ffff:" + net_ + "7, RoCE v2")) << r.out;
+  d = device_json(ns_a_, "roceA");
+  ASSERT_EQ(d["daemon"]["running"], true);
+  const int pid2 = d["daemon"]["pid"];
+  EXPECT_NE(pid2, pid);
+  // A second `up` finds it running.
+  r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+  EXPECT_FALSE(contains(r.out, "started shmrdmad")) << r.out;
+  // `down` of the namespace's last RoCE device stops it.
+  r = shm(ns_a_, {"down", "--name", "roceA"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "stopped shmrdmad")) << r.out;
+  EXPECT_GE(within(3000, [&] { return ::kill(pid2, 0) != 0 || contains(slurp("/proc/" + std::to_string(pid2) + "/stat"), ") Z"); }), 0);
+  EXPECT_FALSE(fs::exists(sock));
+}
+
+}  // namespace
