@@ -1,10 +1,16 @@
 #include "mapped.h"
 
+#include "layout.h"
+
 #include <dirent.h>
-#include <pthread.h>
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +51,13 @@ bool tier_enabled() {
 #endif
   const char* e = std::getenv("SHMRDMA_MAPPED");
   return !(e && std::strcmp(e, "0") == 0);
+}
+
+// SHMRDMA_MAPPED=single: never use a userfaultfd (only single-threaded
+// processes are moved, as before it), to test and measure that fallback.
+bool uffd_allowed() {
+  const char* e = std::getenv("SHMRDMA_MAPPED");
+  return !(e && std::strcmp(e, "single") == 0);
 }
 
 bool single_threaded() {
@@ -111,8 +124,25 @@ bool covered_by(uint64_t s, uint64_t e, P&& ok) {
   return read && good && covered >= e;
 }
 
-bool private_anonymous(uint64_t s, uint64_t e) {
-  return covered_by(s, e, [](const Mapping& m) { return m.anon && std::strcmp(m.perms, "rw-p") == 0; });
+// A piece of [s, e) inside one mapping (mremap moves within one mapping).
+struct Piece {
+  uint64_t lo, hi;
+};
+constexpr size_t kMaxPieces = 16;
+
+// [s, e) is private anonymous read-write memory, in at most kMaxPieces
+// mappings (*pieces, *npieces), none of which holds the calling thread's
+// stack (it could not run while its stack is frozen, see move_frozen).
+bool private_anonymous(uint64_t s, uint64_t e, Piece* pieces, size_t* npieces) {
+  const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
+  size_t n = 0;
+  bool ok = covered_by(s, e, [&](const Mapping& m) {
+    if (!m.anon || std::strcmp(m.perms, "rw-p") != 0 || n == kMaxPieces || (sp >= m.lo && sp < m.hi)) return false;
+    pieces[n++] = Piece{std::max(m.lo, s), std::min(m.hi, e)};
+    return true;
+  });
+  *npieces = n;
+  return ok;
 }
 
 // [s, e) is still region r's memfd, mapped read-write at its own offset.
@@ -134,6 +164,141 @@ bool privatize(uint64_t s, uint64_t n, int prot) {
     return false;
   }
   return true;
+}
+
+// A userfaultfd that also handles faults taken in the kernel (a system call
+// of another thread reading or writing the range must wait, not fail with
+// EFAULT as it would with UFFD_USER_MODE_ONLY): the userfaultfd() system call
+// where vm.unprivileged_userfaultfd or CAP_SYS_PTRACE allows it, else
+// /dev/userfaultfd where its permissions do. -1 when neither.
+int open_userfaultfd() {
+  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (fd < 0 && errno == EPERM) {
+    int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+    if (dev >= 0) {
+      fd = ::ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+      ::close(dev);
+    }
+  }
+  if (fd < 0) return -1;
+  uffdio_api api{};
+  api.api = UFFD_API;
+  if (::ioctl(fd, UFFDIO_API, &api) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The move of a range that other threads may be using (share_region). The
+// range is registered with a userfaultfd (missing pages), so once its pages
+// are taken away every access to it waits in the kernel instead of seeing a
+// fresh zero page. Then, on a helper thread (below):
+//   1. mremap(MREMAP_DONTUNMAP) takes each piece's pages to `park`, in one
+//      step per piece: the range stays mapped, now empty, and every access
+//      to it (a store of another thread, a system call, a peer's CMA access)
+//      blocks on the userfaultfd;
+//   2. the bytes are copied from `park` into the memfd (through `view`);
+//   3. the memfd is mapped over the range with MAP_FIXED, in one step;
+//   4. UFFDIO_WAKE (and closing the userfaultfd) releases the waiting
+//      threads: their faults retry and find the memfd's pages, holding every
+//      byte as it was when the pages were taken.
+// No store is lost (nobody can store into the range between 1 and 3) and
+// every wait is bounded by the copy of the range (the helper waits for
+// nothing). If a step fails, the parked pages go back where they were
+// (mremap, or UFFDIO_COPY as the last resort) before the waiters are woken.
+//
+// Why a helper thread: the thread that moves must not touch the frozen range
+// itself, or it waits for itself forever. The calling thread's stack is
+// checked (private_anonymous), but its thread control block (where the stack
+// protector's canary and errno live) can sit in the brk heap, and the heap is
+// a range applications register. A fresh thread has its stack, TCB and TLS in
+// its own new mapping, runs with every signal blocked (no handler of the
+// application runs on it) and calls nothing that allocates. The provider is
+// linked with -z now, so no lazy symbol binding (which touches the loader's
+// heap data) happens in the window either.
+struct Move {
+  int uffd;
+  int memfd;
+  uint64_t s, n;
+  uint8_t* park;  // n bytes reserved; piece i goes to park + (lo - s)
+  uint8_t* view;  // the memfd, mapped read-write
+  const Piece* pieces;
+  size_t npieces;
+  int err;  // 0 when the range is now the memfd
+};
+
+void* move_frozen(void* arg) {
+  auto* m = static_cast<Move*>(arg);
+  size_t parked = 0;
+  for (; parked < m->npieces; ++parked) {
+    const Piece& p = m->pieces[parked];
+    void* to = m->park + (p.lo - m->s);
+    if (::mremap(reinterpret_cast<void*>(p.lo), p.hi - p.lo, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+                 to) == MAP_FAILED) {
+      m->err = errno;
+      break;
+    }
+  }
+  if (m->err == 0) {
+    std::memcpy(m->view, m->park, m->n);
+    void* at = ::mmap(reinterpret_cast<void*>(m->s), m->n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->memfd, 0);
+    if (at == MAP_FAILED) m->err = errno;
+  }
+  if (m->err != 0) {
+    // Put the parked pages back: the range is still the registered, empty
+    // mapping (nobody could fill it), so no byte is lost either way.
+    for (size_t i = 0; i < parked; ++i) {
+      const Piece& p = m->pieces[i];
+      void* from = m->park + (p.lo - m->s);
+      if (::mremap(from, p.hi - p.lo, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(p.lo)) !=
+          MAP_FAILED)
+        continue;
+      uffdio_copy c{};
+      c.dst = p.lo;
+      c.src = reinterpret_cast<uint64_t>(from);
+      c.len = p.hi - p.lo;
+      c.mode = UFFDIO_COPY_MODE_DONTWAKE;
+      if (::ioctl(m->uffd, UFFDIO_COPY, &c) != 0 && errno != EEXIST) {
+        static constexpr char kMsg[] = "shmrdma: ibv_reg_mr: could not restore memory after a failed move\n";
+        (void)!::write(2, kMsg, sizeof kMsg - 1);
+      }
+    }
+  }
+  uffdio_range all{m->s, m->n};
+  (void)::ioctl(m->uffd, UFFDIO_WAKE, &all);
+  return nullptr;
+}
+
+// Runs move_frozen on a helper thread with every signal blocked. false (and
+// m->err) when the thread cannot be made; the range is then untouched.
+bool run_move(Move* m) {
+  sigset_t all, old;
+  ::sigfillset(&all);
+  if (::pthread_sigmask(SIG_BLOCK, &all, &old) != 0) return false;
+  pthread_attr_t attr;
+  pthread_t t;
+  int rc = ::pthread_attr_init(&attr);
+  if (rc == 0) {
+    (void)::pthread_attr_setstacksize(&attr, 64 << 10);
+    rc = ::pthread_create(&t, &attr, move_frozen, m);
+    ::pthread_attr_destroy(&attr);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) {
+    m->err = rc;
+    return false;
+  }
+  ::pthread_join(t, nullptr);
+  return true;
+}
+
+// The move of a single-threaded process (no userfaultfd needed: nobody else
+// can touch the range): copy, then one mremap of the memfd over the range.
+int move_alone(uint64_t s, uint64_t n, void* view) {
+  std::memcpy(view, reinterpret_cast<void*>(s), n);
+  void* moved = ::mremap(view, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
+  return moved == MAP_FAILED ? errno : 0;
 }
 
 // fork(): the child gets private copies of every shared range (mapped.h).
@@ -173,10 +338,14 @@ void atfork_child() {
 
 }  // namespace
 
-bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
+bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why) noexcept {
+  uint16_t no_why = 0;
+  if (!why) why = &no_why;
+  *why = layout::kTierWhyDisabled;
   if (!tier_enabled() || len == 0) return false;
   const uint64_t ps = page_size();
   uint64_t s = addr & ~(ps - 1), e = (addr + len + ps - 1) & ~(ps - 1);
+  *why = layout::kTierWhyResources;
   std::lock_guard lk(g_mu);
   try {
     if (!g_regions) g_regions = new std::vector<Region>();
@@ -194,6 +363,7 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
     if (r.fd >= 0 && s >= r.start && e <= r.start + r.len && backed_by(r, s, e)) {
       r.refs += 1;
       *out = SharedRegion{r.fd, r.start, r.len, r.ino};
+      *why = layout::kTierWhyNone;
       return true;
     }
   // Forget ranges left shared whose mappings are gone.
@@ -207,39 +377,72 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
     return !mapped;
   });
   if (g_regions->size() >= kMaxRegions) return false;
-  // Another thread could write the range between the copy and the remap and
-  // lose its store: only a single-threaded process is moved.
-  if (!single_threaded() || !private_anonymous(s, e)) return false;
+  Piece pieces[kMaxPieces];
+  size_t npieces = 0;
+  if (!private_anonymous(s, e, pieces, &npieces)) {
+    *why = layout::kTierWhyMemory;
+    return false;
+  }
+  // Other threads may store into the range while it moves: with a
+  // userfaultfd they wait instead (Move). Without one, only a process that
+  // has no other thread is moved.
+  int uffd = uffd_allowed() ? open_userfaultfd() : -1;
+  if (uffd < 0 && !single_threaded()) {
+    *why = layout::kTierWhyThreads;
+    return false;
+  }
+  const uint64_t n = e - s;
   int fd = ::memfd_create(kMemfdName, MFD_CLOEXEC);
-  if (fd < 0) return false;
-  uint64_t n = e - s;
   struct stat st{};
-  void* tmp = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
-    tmp = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (tmp == MAP_FAILED) {
-    ::close(fd);
-    return false;
-  }
+  void* view = MAP_FAILED;
+  void* park = MAP_FAILED;
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
+    view = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (view != MAP_FAILED && uffd >= 0) park = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   Region r{fd, s, n, static_cast<uint64_t>(st.st_ino), 1};
+  bool ready = view != MAP_FAILED && (uffd < 0 || park != MAP_FAILED);
   try {
-    g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
+    if (ready) g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
   } catch (...) {
-    ::munmap(tmp, n);
-    ::close(fd);
-    return false;
+    ready = false;
   }
-  std::memcpy(tmp, reinterpret_cast<void*>(s), n);
-  // One system call replaces the private pages with the shared ones: the
-  // range is never unmapped in between.
-  void* moved = ::mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
-  if (moved == MAP_FAILED) {
-    ::munmap(tmp, n);
-    ::close(fd);
+  if (ready && uffd >= 0) {
+    uffdio_register reg{};
+    reg.range.start = s;
+    reg.range.len = n;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (::ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) {
+      *why = layout::kTierWhyKernel;
+      ready = false;
+    }
+  }
+  int err = ready ? 0 : -1;
+  if (ready && uffd >= 0) {
+    (void)::mremap(nullptr, 0, 0, 0);  // binds the symbol before the window (see Move)
+    Move m{uffd, fd, s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(view), pieces, npieces, 0};
+    err = run_move(&m) ? m.err : -1;
+    if (err) *why = layout::kTierWhyKernel;
+  }
+  if (err > 0 && uffd >= 0 && single_threaded()) {
+    ::close(uffd);  // a kernel without MREMAP_DONTUNMAP (before 5.7): the plain move, alone
+    uffd = -1;
+    err = 0;
+  }
+  if (ready && uffd < 0 && err == 0) {
+    err = move_alone(s, n, view);  // the view becomes the range
+    view = err ? view : MAP_FAILED;
+    if (err) *why = layout::kTierWhyKernel;
+  }
+  if (uffd >= 0) ::close(uffd);  // also unregisters what is left registered
+  if (park != MAP_FAILED) ::munmap(park, n);
+  if (view != MAP_FAILED) ::munmap(view, n);
+  if (err) {
+    if (fd >= 0) ::close(fd);
     return false;
   }
   g_regions->push_back(r);
   *out = SharedRegion{fd, s, n, r.ino};
+  *why = layout::kTierWhyNone;
   return true;
 }
 
