@@ -43,6 +43,21 @@ bool g_atfork = false;
 
 uint64_t page_size() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 
+// The memory system calls this file makes, straight to the kernel: programs
+// interpose mmap/mremap/munmap (UCX's memory hooks patch every object's
+// relocations, and pass a garbage new_address to a five-argument mremap);
+// nothing of theirs must run in the middle of a move, nor see our remaps of
+// memory whose contents do not change.
+void* sys_mmap(void* addr, uint64_t len, int prot, int flags, int fd) {
+  long r = ::syscall(SYS_mmap, addr, len, prot, flags, fd, 0L);
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+void* sys_mremap(void* from, uint64_t len, int flags, void* to) {
+  long r = ::syscall(SYS_mremap, from, len, len, flags, to);
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+int sys_munmap(void* addr, uint64_t len) { return static_cast<int>(::syscall(SYS_munmap, addr, len)); }
+
 bool tier_enabled() {
 #if defined(__SANITIZE_ADDRESS__)
   // Moving whole pages would copy AddressSanitizer's redzones and shadowed
@@ -155,12 +170,12 @@ bool backed_by(const Region& r, uint64_t s, uint64_t e) {
 // Replaces the pages of [s, s + n) with private anonymous copies of them, in
 // one mremap (the range is never unmapped), with protection prot.
 bool privatize(uint64_t s, uint64_t n, int prot) {
-  void* tmp = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* tmp = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
   if (tmp == MAP_FAILED) return false;
   std::memcpy(tmp, reinterpret_cast<void*>(s), n);
   if (prot != (PROT_READ | PROT_WRITE)) ::mprotect(tmp, n, prot);
-  if (::mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s)) == MAP_FAILED) {
-    ::munmap(tmp, n);
+  if (sys_mremap(tmp, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s)) == MAP_FAILED) {
+    sys_munmap(tmp, n);
     return false;
   }
   return true;
@@ -234,15 +249,15 @@ void* move_frozen(void* arg) {
   for (; parked < m->npieces; ++parked) {
     const Piece& p = m->pieces[parked];
     void* to = m->park + (p.lo - m->s);
-    if (::mremap(reinterpret_cast<void*>(p.lo), p.hi - p.lo, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
-                 to) == MAP_FAILED) {
+    if (sys_mremap(reinterpret_cast<void*>(p.lo), p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) ==
+        MAP_FAILED) {
       m->err = errno;
       break;
     }
   }
   if (m->err == 0) {
     std::memcpy(m->view, m->park, m->n);
-    void* at = ::mmap(reinterpret_cast<void*>(m->s), m->n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->memfd, 0);
+    void* at = sys_mmap(reinterpret_cast<void*>(m->s), m->n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->memfd);
     if (at == MAP_FAILED) m->err = errno;
   }
   if (m->err != 0) {
@@ -251,8 +266,7 @@ void* move_frozen(void* arg) {
     for (size_t i = 0; i < parked; ++i) {
       const Piece& p = m->pieces[i];
       void* from = m->park + (p.lo - m->s);
-      if (::mremap(from, p.hi - p.lo, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(p.lo)) !=
-          MAP_FAILED)
+      if (sys_mremap(from, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(p.lo)) != MAP_FAILED)
         continue;
       uffdio_copy c{};
       c.dst = p.lo;
@@ -297,7 +311,7 @@ bool run_move(Move* m) {
 // can touch the range): copy, then one mremap of the memfd over the range.
 int move_alone(uint64_t s, uint64_t n, void* view) {
   std::memcpy(view, reinterpret_cast<void*>(s), n);
-  void* moved = ::mremap(view, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
+  void* moved = sys_mremap(view, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
   return moved == MAP_FAILED ? errno : 0;
 }
 
@@ -397,8 +411,8 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
   void* view = MAP_FAILED;
   void* park = MAP_FAILED;
   if (fd >= 0 && ::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
-    view = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (view != MAP_FAILED && uffd >= 0) park = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    view = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
+  if (view != MAP_FAILED && uffd >= 0) park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
   Region r{fd, s, n, static_cast<uint64_t>(st.st_ino), 1};
   bool ready = view != MAP_FAILED && (uffd < 0 || park != MAP_FAILED);
   try {
@@ -418,7 +432,7 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
   }
   int err = ready ? 0 : -1;
   if (ready && uffd >= 0) {
-    (void)::mremap(nullptr, 0, 0, 0);  // binds the symbol before the window (see Move)
+    (void)::syscall(-1);  // binds the symbol before the window (see Move)
     Move m{uffd, fd, s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(view), pieces, npieces, 0};
     err = run_move(&m) ? m.err : -1;
     if (err) *why = layout::kTierWhyKernel;
@@ -434,8 +448,8 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
     if (err) *why = layout::kTierWhyKernel;
   }
   if (uffd >= 0) ::close(uffd);  // also unregisters what is left registered
-  if (park != MAP_FAILED) ::munmap(park, n);
-  if (view != MAP_FAILED) ::munmap(view, n);
+  if (park != MAP_FAILED) sys_munmap(park, n);
+  if (view != MAP_FAILED) sys_munmap(view, n);
   if (err) {
     if (fd >= 0) ::close(fd);
     return false;
