@@ -414,12 +414,13 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
     view = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
   if (view != MAP_FAILED && uffd >= 0) park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
   Region r{fd, s, n, static_cast<uint64_t>(st.st_ino), 1};
-  bool ready = view != MAP_FAILED && (uffd < 0 || park != MAP_FAILED);
+  bool prepared = view != MAP_FAILED;
   try {
-    if (ready) g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
+    if (prepared) g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
   } catch (...) {
-    ready = false;
+    prepared = false;
   }
+  bool ready = prepared && (uffd < 0 || park != MAP_FAILED);
   if (ready && uffd >= 0) {
     uffdio_register reg{};
     reg.range.start = s;
@@ -437,12 +438,14 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
     err = run_move(&m) ? m.err : -1;
     if (err) *why = layout::kTierWhyKernel;
   }
-  if (err > 0 && uffd >= 0 && single_threaded()) {
-    ::close(uffd);  // a kernel without MREMAP_DONTUNMAP (before 5.7): the plain move, alone
+  if (err != 0 && prepared && uffd >= 0 && single_threaded()) {
+    // A kernel that refused a step of the frozen move (MREMAP_DONTUNMAP came
+    // in 5.7; the range is as it was): the plain move, alone.
+    ::close(uffd);
     uffd = -1;
     err = 0;
   }
-  if (ready && uffd < 0 && err == 0) {
+  if (prepared && uffd < 0 && err == 0) {
     err = move_alone(s, n, view);  // the view becomes the range
     view = err ? view : MAP_FAILED;
     if (err) *why = layout::kTierWhyKernel;
