@@ -316,33 +316,89 @@ int move_alone(uint64_t s, uint64_t n, void* view) {
 }
 
 // fork(): the child gets private copies of every shared range (mapped.h).
-void atfork_prepare() { g_mu.lock(); }
-void atfork_parent() { g_mu.unlock(); }
+// The copies are taken in the parent, before the fork (prepare), and the
+// child only moves them into place: a copy taken in the child after fork()
+// returned could pick up stores the parent's threads (or the parent itself,
+// running on) make after the fork. If a snapshot cannot be made, the child
+// copies that range itself (privatize), as a last resort.
+struct Snapshot {
+  uint64_t lo, hi;
+  int prot;
+  void* copy;  // MAP_FAILED: none, the child copies
+};
+std::vector<Snapshot>* g_snaps = nullptr;
+
+void atfork_prepare() {
+  g_mu.lock();
+  if (!g_regions || g_regions->empty()) return;
+  try {
+    if (!g_snaps) g_snaps = new std::vector<Snapshot>();
+    g_snaps->clear();
+    for_each_mapping([&](const Mapping& m) {
+      if (!m.ours) return true;
+      for (const Region& r : *g_regions)
+        if (r.ino == m.ino && m.perms[0] == 'r') {
+          int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
+          g_snaps->push_back({m.lo, m.hi, prot, MAP_FAILED});
+          break;
+        }
+      return true;
+    });
+  } catch (...) {
+    return;  // no list: the child finds the ranges itself
+  }
+  for (Snapshot& sn : *g_snaps) {
+    const uint64_t n = sn.hi - sn.lo;
+    void* c = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (c == MAP_FAILED) continue;
+    std::memcpy(c, reinterpret_cast<void*>(sn.lo), n);
+    if (sn.prot != (PROT_READ | PROT_WRITE)) ::mprotect(c, n, sn.prot);
+    sn.copy = c;
+  }
+}
+
+void atfork_parent() {
+  if (g_snaps) {
+    for (const Snapshot& sn : *g_snaps)
+      if (sn.copy != MAP_FAILED) sys_munmap(sn.copy, sn.hi - sn.lo);
+    g_snaps->clear();
+  }
+  g_mu.unlock();
+}
+
 void atfork_child() {
   if (g_regions && !g_regions->empty()) {
-    struct Range {
-      uint64_t lo, hi;
-      int prot;
-    };
-    std::vector<Range> ranges;  // the child is single-threaded: allocation is safe
-    try {
-      for_each_mapping([&](const Mapping& m) {
-        if (!m.ours) return true;
-        for (const Region& r : *g_regions)
-          if (r.ino == m.ino && m.perms[0] == 'r') {
-            int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
-            ranges.push_back({m.lo, m.hi, prot});
-            break;
-          }
-        return true;
-      });
-    } catch (...) {
+    std::vector<Snapshot> ranges;  // the child is single-threaded: allocation is safe
+    if (g_snaps && !g_snaps->empty()) {
+      ranges.swap(*g_snaps);
+    } else {
+      try {
+        for_each_mapping([&](const Mapping& m) {
+          if (!m.ours) return true;
+          for (const Region& r : *g_regions)
+            if (r.ino == m.ino && m.perms[0] == 'r') {
+              int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
+              ranges.push_back({m.lo, m.hi, prot, MAP_FAILED});
+              break;
+            }
+          return true;
+        });
+      } catch (...) {
+      }
     }
-    for (const Range& r : ranges)
-      if (!privatize(r.lo, r.hi - r.lo, r.prot)) {
+    for (const Snapshot& r : ranges) {
+      const uint64_t n = r.hi - r.lo;
+      // The parent's snapshot moves into place (one mremap, the range never
+      // unmapped); without one, the child copies.
+      bool ok = r.copy != MAP_FAILED
+                    ? sys_mremap(r.copy, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(r.lo)) != MAP_FAILED
+                    : false;
+      if (!ok && r.copy != MAP_FAILED) sys_munmap(r.copy, n);
+      if (!ok && !privatize(r.lo, n, r.prot)) {
         static constexpr char kMsg[] = "shmrdma: fork: could not give the child a private copy of registered memory\n";
         (void)!::write(2, kMsg, sizeof kMsg - 1);
       }
+    }
     for (const Region& r : *g_regions)
       if (r.fd >= 0) ::close(r.fd);
     g_regions->clear();
