@@ -186,7 +186,7 @@ bool privatize(uint64_t s, uint64_t n, int prot) {
 // EFAULT as it would with UFFD_USER_MODE_ONLY): the userfaultfd() system call
 // where vm.unprivileged_userfaultfd or CAP_SYS_PTRACE allows it, else
 // /dev/userfaultfd where its permissions do. -1 when neither.
-int open_userfaultfd() {
+int open_userfaultfd(uint64_t features = 0) {
   int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
   if (fd < 0 && errno == EPERM) {
     int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
@@ -198,6 +198,7 @@ int open_userfaultfd() {
   if (fd < 0) return -1;
   uffdio_api api{};
   api.api = UFFD_API;
+  api.features = features;
   if (::ioctl(fd, UFFDIO_API, &api) != 0) {
     ::close(fd);
     return -1;
@@ -284,9 +285,40 @@ void* move_frozen(void* arg) {
   return nullptr;
 }
 
-// Runs move_frozen on a helper thread with every signal blocked. false (and
-// m->err) when the thread cannot be made; the range is then untouched.
-bool run_move(Move* m) {
+// The way back (release_region) in a process that may have other threads:
+// the memfd's mapping is registered for missing and minor faults, one
+// mremap(MREMAP_DONTUNMAP) takes its page table entries to `park` (the old
+// mapping stays, still the memfd, and every access to it now waits: minor
+// faults for pages in the memfd, missing faults for holes), the bytes are
+// copied from `park` into private anonymous memory, which one mremap puts
+// over the range, and the waiters are woken onto it. If a step fails the old
+// mapping is still the memfd's, holding every byte: the waiters resume on it.
+struct MoveBack {
+  uint64_t s, n;
+  uint8_t* park;  // n bytes reserved
+  uint8_t* priv;  // n bytes of private anonymous memory
+  int uffd;
+  int err;
+};
+
+void* move_back_frozen(void* arg) {
+  auto* m = static_cast<MoveBack*>(arg);
+  if (sys_mremap(reinterpret_cast<void*>(m->s), m->n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, m->park) ==
+      MAP_FAILED) {
+    m->err = errno;
+  } else {
+    std::memcpy(m->priv, m->park, m->n);
+    if (sys_mremap(m->priv, m->n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(m->s)) == MAP_FAILED)
+      m->err = errno;
+  }
+  uffdio_range all{m->s, m->n};
+  (void)::ioctl(m->uffd, UFFDIO_WAKE, &all);
+  return nullptr;
+}
+
+// Runs fn(arg) on a helper thread with every signal blocked (see Move).
+// false when the thread cannot be made (nothing was done).
+bool run_helper(void* (*fn)(void*), void* arg) {
   sigset_t all, old;
   ::sigfillset(&all);
   if (::pthread_sigmask(SIG_BLOCK, &all, &old) != 0) return false;
@@ -295,16 +327,38 @@ bool run_move(Move* m) {
   int rc = ::pthread_attr_init(&attr);
   if (rc == 0) {
     (void)::pthread_attr_setstacksize(&attr, 64 << 10);
-    rc = ::pthread_create(&t, &attr, move_frozen, m);
+    rc = ::pthread_create(&t, &attr, fn, arg);
     ::pthread_attr_destroy(&attr);
   }
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
-    m->err = rc;
-    return false;
-  }
+  if (rc != 0) return false;
   ::pthread_join(t, nullptr);
   return true;
+}
+
+// release_region's move back with other threads about (MoveBack); false
+// when it was not done (the range is then still the memfd's).
+bool privatize_frozen(uint64_t s, uint64_t n) {
+  if (!uffd_allowed()) return false;
+  int uffd = open_userfaultfd(UFFD_FEATURE_MINOR_SHMEM);
+  if (uffd < 0) return false;
+  void* park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
+  void* priv = park == MAP_FAILED ? MAP_FAILED : sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+  bool done = false;
+  if (priv != MAP_FAILED) {
+    uffdio_register reg{};
+    reg.range.start = s;
+    reg.range.len = n;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR;
+    if (::ioctl(uffd, UFFDIO_REGISTER, &reg) == 0) {
+      MoveBack m{s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(priv), uffd, 0};
+      done = run_helper(move_back_frozen, &m) && m.err == 0;
+    }
+  }
+  ::close(uffd);  // unregisters the old mapping if it is still there
+  if (park != MAP_FAILED) sys_munmap(park, n);
+  if (priv != MAP_FAILED && !done) sys_munmap(priv, n);
+  return done;
 }
 
 // The move of a single-threaded process (no userfaultfd needed: nobody else
@@ -491,7 +545,7 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
   if (ready && uffd >= 0) {
     (void)::syscall(-1);  // binds the symbol before the window (see Move)
     Move m{uffd, fd, s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(view), pieces, npieces, 0};
-    err = run_move(&m) ? m.err : -1;
+    err = run_helper(move_frozen, &m) ? m.err : -1;
     if (err) *why = layout::kTierWhyKernel;
   }
   if (err != 0 && prepared && uffd >= 0 && single_threaded()) {
@@ -526,13 +580,15 @@ void release_region(const SharedRegion& sr) noexcept {
     return r.fd == sr.memfd && r.fd >= 0 && r.start == sr.start && r.ino == sr.id && r.refs > 0;
   });
   if (it == g_regions->end() || --it->refs > 0) return;
-  // The last MR: the range goes back to private anonymous memory, unless
-  // another thread could be writing it (its store could be lost) or the
-  // application changed the mapping; then it stays shared without the fd.
+  // The last MR: the range goes back to private anonymous memory (with the
+  // frozen move when other threads may be writing it, MoveBack), unless the
+  // application changed the mapping or the kernel refuses; then it stays
+  // shared without the fd.
   ::close(it->fd);
   it->fd = -1;
-  if (single_threaded() && backed_by(*it, it->start, it->start + it->len) &&
-      privatize(it->start, it->len, PROT_READ | PROT_WRITE))
+  if (!backed_by(*it, it->start, it->start + it->len)) return;
+  if (privatize_frozen(it->start, it->len) ||
+      (single_threaded() && privatize(it->start, it->len, PROT_READ | PROT_WRITE)))
     g_regions->erase(it);
 }
 

@@ -226,7 +226,7 @@ TEST_F(Mapped, RegisteringAndDeregisteringFreshBuffersHoldsNoFdsAndNoMemory) {
 }
 
 // Other threads store into the range, and make system calls that write into
-// it, all the time while it moves: every store survives and no system call
+// it, all the time while it moves in and back out: every store survives and no system call
 // fails (they wait on the userfaultfd while the pages move). Each writer
 // stores 1, 2, 3... into its own words in turn (v into word v mod its word
 // count), slowly enough that a lap lasts longer than the move, and stops
@@ -268,12 +268,16 @@ TEST_F(Mapped, OtherThreadsStoringIntoTheRangeWhileItMovesLoseNothing) {
     SharedRegion r;
     uint16_t why = 0;
     const bool shared = share_region(reinterpret_cast<uint64_t>(p) + 64, kLen - 128, &r, &why);
+    const bool was_memfd = is_memfd(reinterpret_cast<uint64_t>(p));
+    // And back to private memory, the writers still running.
+    if (shared) release_region(r);
     stop = true;
     for (auto& t : ts) t.join();
     ::close(fds[0]);
     ::close(fds[1]);
     ASSERT_TRUE(shared) << "a multi-threaded process got the CMA tier (why " << why << ")";
-    EXPECT_TRUE(is_memfd(reinterpret_cast<uint64_t>(p)));
+    EXPECT_TRUE(was_memfd);
+    EXPECT_FALSE(is_memfd(reinterpret_cast<uint64_t>(p))) << "the last release moves the range back";
     EXPECT_EQ(sys_errors.load(), 0) << "a read() into the moving range failed";
     uint64_t lost = 0, first = 0, want_first = 0;
     for (uint64_t w = 0; w < kWriters; ++w) {
@@ -287,7 +291,6 @@ TEST_F(Mapped, OtherThreadsStoringIntoTheRangeWhileItMovesLoseNothing) {
     }
     EXPECT_EQ(lost, 0u) << "round " << round << ": " << lost << " stores lost; word " << first << " holds " << p[first]
                         << ", its writer stored " << want_first << " there";
-    release_region(r);
     ::munmap(p, kLen);
     if (lost || sys_errors.load()) break;
   }
