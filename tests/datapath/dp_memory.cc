@@ -297,7 +297,10 @@ int run_owner(const std::string& scenario) {
   const char* forced = std::getenv("SHMRDMA_MAPPED");  // 0: the CMA tier only; single: no userfaultfd
   const bool want_mapped = scenario != "file" && !(forced && std::strcmp(forced, "0") == 0);
 #endif
-  const bool any = forced && std::strcmp(forced, "single") == 0;
+  bool any = forced && std::strcmp(forced, "single") == 0;
+#if defined(__SANITIZE_THREAD__)
+  any = any || scenario == "heap";  // TSan's allocator serves malloc() from memory of its own
+#endif
   if (!any && (want_mapped ? tier != "mapped" : tier.rfind("cma (", 0) != 0))
     die("scenario %s: shmrdma status shows the MR's tier as \"%s\", expected %s", scenario.c_str(), tier.c_str(),
         want_mapped ? "mapped" : "cma with a reason");
