@@ -210,6 +210,7 @@ class Writers {
           reinterpret_cast<volatile uint64_t*>(words_)[(v % per_) * kN + w] = v;
           last_[w].store(v, std::memory_order_release);
           for (int k = 0; k < 40; ++k) __builtin_ia32_pause();
+          if (v % 16 == 0) std::this_thread::yield();  // leave the CPUs to the owner and the peer (sanitizers, load)
         }
       });
     for (uint64_t w = 0; w < kN; ++w)
