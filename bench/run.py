@@ -50,12 +50,15 @@ PROBES_BIN = os.path.join(BENCH, ".build")
 
 KiB = 1024
 MiB = 1024 * 1024
+DEVICE = "shm0"  # the device `shmrdma up` makes in the run's private SHMRDMA_HOME
 
 # Debian package per binary the harness needs.
 NEEDED = {
     "ib_write_lat": "perftest",
     "ucx_perftest": "ucx-utils",
     "fi_pingpong": "libfabric-bin",
+    "mpirun": "openmpi-bin",  # the Open MPI ping-pong (probes/mpi_pingpong.c)
+    "mpicc": "libopenmpi-dev",
     "taskset": "util-linux",
     "timeout": "coreutils",
 }
@@ -98,11 +101,11 @@ class Spec:
     """One process pair (server + client) of one tool at one size."""
 
     key: str  # unique, e.g. "shmrdma/ib_write_lat/2"
-    impl: str  # shmrdma | ucx | fi
-    variant: str  # shmrdma | posix | sm | uct-posix | shm
+    impl: str  # shmrdma | ucx | fi | ucx-verbs (UCX over shmrdma) | mpi
+    variant: str  # shmrdma | posix | sm | uct-posix | shm | rc_verbs | ucx-rc_v (over shmrdma) | vader
     test: str  # ib_write_lat, tag_lat, pingpong, ...
     size: int
-    server: list[str]  # argv without the wrapper (timeout/taskset/shmrdma run)
+    server: list[str]  # argv without the wrapper (timeout/taskset/shmrdma run); [] for one command (mpirun)
     client: list[str]  # argv, the server host included
     env: dict[str, str] = field(default_factory=dict)
     parser: str = "perftest"  # perftest | ucx | fi
@@ -114,7 +117,17 @@ class Spec:
             return f"shmrdma {self.test}"
         if self.impl == "ucx":
             return f"ucx {self.test} ({self.variant})"
+        if self.impl == "ucx-verbs":
+            return f"ucx {self.test} (rc_verbs over shmrdma)"
+        if self.impl == "mpi":
+            return ("Open MPI ping-pong (pml ucx, rc_v over shmrdma)" if self.variant == "ucx-rc_v"
+                    else "Open MPI ping-pong (pml ob1, btl vader)")
         return f"fi_pingpong ({self.variant})"
+
+    @property
+    def on_shmrdma(self) -> bool:
+        """Runs under `shmrdma run` (uses the device)."""
+        return self.impl in ("shmrdma", "ucx-verbs") or (self.impl == "mpi" and self.variant == "ucx-rc_v")
 
 
 @dataclass
@@ -157,8 +170,11 @@ def primary_figure(kind: str) -> str:
 class Plan:
     """Builds every Spec and Row of a run, from the mode's iteration counts."""
 
-    def __init__(self, quick: bool, shmrdma: str, ucx_tls: list[str], host: str):
+    def __init__(self, quick: bool, shmrdma: str, ucx_tls: list[str], host: str, mpi_probe: str | None = None,
+                 mpi_env: list[str] | None = None):
         self.quick = quick
+        self.mpi_probe = mpi_probe
+        self.mpi_env = mpi_env or []
         self.shmrdma = shmrdma
         self.host = host
         self.ucx_tls = ucx_tls
@@ -203,6 +219,36 @@ class Plan:
         key = f"ucx/{test}/{variant}/{size}"
         return self.add(Spec(key, "ucx", variant, test, size, ["ucx_perftest"], ["ucx_perftest"] + args, env=env,
                              parser="ucx", timeout=timeout))
+
+    def ucxv(self, test: str, size: int, iters: int, warmup: int, timeout: float = 40.0) -> str:
+        """A UCT test over rc_verbs on the shmrdma device: what UCX (and MPI over
+        it) get, async thread and all."""
+        args = ["-t", test, "-s", str(size), "-n", str(iters), "-f", "-v", "-w", str(warmup),
+                "-x", "rc_verbs", "-d", f"{DEVICE}:1"]
+        env = {"UCX_NET_DEVICES": f"{DEVICE}:1", "UCX_TLS": "rc_verbs"}
+        key = f"ucx-verbs/{test}/rc_verbs/{size}"
+        return self.add(Spec(key, "ucx-verbs", "rc_verbs", test, size, ["ucx_perftest"], ["ucx_perftest"] + args,
+                             env=env, parser="ucx", timeout=timeout))
+
+    def mpi(self, variant: str, size: int, iters: int, timeout: float = 60.0) -> str | None:
+        """The Open MPI ping-pong (one mpirun, two ranks): pml ucx with
+        UCX_TLS=rc_v over shmrdma, or pml ob1 with btl vader (no RDMA)."""
+        if not self.mpi_probe:
+            return None
+        argv = ["mpirun", "-np", "2", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        if variant == "ucx-rc_v":
+            argv += ["--mca", "pml", "ucx", "--mca", "osc", "^ucx", "--mca", "btl", "^openib,uct",
+                     "-x", "UCX_TLS=rc_v,self", "-x", f"UCX_NET_DEVICES={DEVICE}:1"]
+            for kv in self.mpi_env:  # --shmrdma-env reaches the ranks
+                argv += ["-x", kv.partition("=")[0]]
+        else:
+            argv += ["--mca", "pml", "ob1", "--mca", "btl", "vader,self"]
+        argv += [self.mpi_probe, str(size), str(iters)]
+        env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+        key = f"mpi/pingpong/{variant}/{size}"
+        return self.add(Spec(key, "mpi", variant, "pingpong", size, [], argv, env=env, parser="mpi", timeout=timeout))
 
     def fi(self, size: int, iters: int, timeout: float = 40.0) -> str:
         args = ["-p", "shm", "-e", "rdm", "-S", str(size), "-I", str(iters)]
@@ -302,6 +348,38 @@ class Plan:
                          write_peers)
             self.groups.append((f"bw {sz}", g))
 
+        # ---------------- what applications get: UCX and Open MPI over shmrdma ----------------
+        # UCX always runs an async thread (so does everything built on it):
+        # these rows hold UCX over rc_verbs on shmrdma against perftest over the
+        # same device in the same round (targets: put_lat, am_lat <= 1.5x;
+        # put_bw >= 0.5x), and Open MPI over UCX against Open MPI's own
+        # shared memory (vader).
+        g = []
+        v_put = self.ucxv("put_lat", 8, n(100000, 20000), n(10000, 2000))
+        v_am = self.ucxv("am_lat", 8, n(100000, 20000), n(10000, 2000))
+        v_bw = self.ucxv("put_bw", 8, n(1000000, 200000), n(10000, 2000))
+        g += [v_put, v_am, v_bw]
+        self.row("ucxv_put_lat_8", "ucx put_lat 8 B, rc_verbs over shmrdma (peer: ib_write_lat 2 B)", "lat", v_put,
+                 8, "handoff", ["shmrdma/ib_write_lat/2"])
+        self.row("ucxv_am_lat_8", "ucx am_lat 8 B, rc_verbs over shmrdma (peer: ib_send_lat 2 B)", "lat", v_am, 8,
+                 "handoff", ["shmrdma/ib_send_lat/2"])
+        self.row("ucxv_put_bw_8", "ucx put_bw 8 B msg rate, rc_verbs over shmrdma (peer: ib_write_bw 8 B)", "rate",
+                 v_bw, 8, None, ["shmrdma/ib_write_bw/8"])
+        for size, iters in ((8, n(20000, 5000)), (64 * KiB, n(2000, 500)), (MiB, n(200, 50))):
+            mu = self.mpi("ucx-rc_v", size, iters)
+            mv = self.mpi("vader", size, iters)
+            if not mu:
+                continue
+            g += [mu, mv]
+            sz = human_size(size)
+            if size == 8:
+                self.row("mpi_lat_8", "Open MPI ping-pong 8 B, pml ucx rc_v over shmrdma (peer: vader)", "lat", mu,
+                         size, "handoff", [mv])
+            else:
+                self.row(f"mpi_bw_{size}", f"Open MPI stream {sz} BW, pml ucx rc_v over shmrdma (peer: vader)", "bw",
+                         mu, size, "memcpy", [mv])
+        self.groups.append(("apps", g))
+
     def restrict(self, pattern: str) -> None:
         """Keeps the rows whose id or label matches, and the runs they need."""
         rx = re.compile(pattern)
@@ -388,7 +466,19 @@ def parse_fi(out: str) -> dict[str, float]:
     raise ValueError("no fi_pingpong result line (bytes #sent ...) in the client's output")
 
 
-PARSERS = {"perftest": parse_perftest, "ucx": parse_ucx, "fi": parse_fi}
+def parse_mpi(out: str) -> dict[str, float]:
+    for line in out.splitlines():
+        if line.startswith("mpi_pingpong "):
+            kv = dict(t.split("=", 1) for t in line.split()[1:] if "=" in t)
+            f = {"bytes": float(kv["bytes"]), "iters": float(kv["iters"]), "lat_us": float(kv["lat_us"]),
+                 "bw_GBps": float(kv["bw_GBps"])}
+            f["lat_avg_us"] = f["lat_us"]
+            f["rate_Mpps"] = f["bw_GBps"] * 1e3 / max(f["bytes"], 1)
+            return f
+    raise ValueError("no `mpi_pingpong bytes=...` line in mpirun's output")
+
+
+PARSERS = {"perftest": parse_perftest, "ucx": parse_ucx, "fi": parse_fi, "mpi": parse_mpi}
 
 
 # --------------------------------------------------------------------------
@@ -489,18 +579,61 @@ class Runner:
 
     def wrap(self, spec: Spec, argv: list[str], cpu: str, limit: float) -> list[str]:
         w = ["timeout", "-k", "2", f"{limit:.0f}"] + sched_prefix(self.args) + ["taskset", "-c", cpu]
-        if spec.impl == "shmrdma":
+        if spec.on_shmrdma:
             w += [self.shmrdma, "run"]
         return w + argv
 
     def port_args(self, spec: Spec, port: int, side: str) -> list[str]:
         if spec.impl == "shmrdma":
             return ["-p", str(port)]
-        if spec.impl == "ucx":
+        if spec.impl in ("ucx", "ucx-verbs"):
             return ["-p", str(port)]
         return ["-B", str(port)] if side == "server" else ["-P", str(port)]
 
+    def run_one(self, spec: Spec) -> Result:
+        """A spec that is one command (mpirun starts both ranks), on both CPUs."""
+        limit = spec.timeout * self.args.timeout_scale
+        env = dict(self.env)
+        env.update(spec.env)
+        argv = self.wrap(spec, spec.client, f"{self.cpu_server},{self.cpu_client}", limit)
+        cmd = " ".join(shlex.quote(a) for a in argv)
+        t0 = time.monotonic()
+        load1 = os.getloadavg()[0]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                             start_new_session=True, stdin=subprocess.DEVNULL)
+        boost(self.args, p.pid)
+        try:
+            out, _ = p.communicate(timeout=limit + 5)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            kill_group(p)
+            out, _ = p.communicate()
+            rc = 124
+        finally:
+            kill_group(p)
+        out = out or ""
+        figures: dict[str, float] = {}
+        ok, reason = False, ""
+        if rc in (124, 137, -9):
+            reason = f"timeout: killed after {limit:.0f}s: {tail(out, 2) or 'nothing'}"
+        elif rc != 0:
+            reason = f"rc={rc}: {tail(out)}"
+        else:
+            try:
+                figures = PARSERS[spec.parser](out)
+                ok = True
+            except (ValueError, KeyError, IndexError) as e:
+                reason = f"unparsable output ({e}): {tail(out)}"
+        if self.args.keep_logs:
+            d = os.path.join(self.args.out, "logs")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"{spec.key.replace('/', '_')}.{int(time.time() * 1000)}.log"), "w") as f:
+                f.write(f"$ {cmd}\n--- (rc={rc})\n{out}\n")
+        return Result(spec, ok, figures, reason, time.monotonic() - t0, load1, cmd)
+
     def run(self, spec: Spec) -> Result:
+        if not spec.server:
+            return self.run_one(spec)
         port = self.ports.get()
         limit = spec.timeout * self.args.timeout_scale
         env = dict(self.env)
@@ -596,8 +729,13 @@ def build_probes(cc: str) -> dict[str, str]:
         name = os.path.splitext(src)[0]
         path = os.path.join(PROBES_SRC, src)
         binp = os.path.join(PROBES_BIN, name)
+        if name.startswith("mpi_") and not shutil.which("mpicc"):
+            log(f"no mpicc (Debian: libopenmpi-dev): probe {name} and the Open MPI rows are left out")
+            continue
         if not os.path.exists(binp) or os.path.getmtime(binp) < os.path.getmtime(path):
             compiler = cc if src.endswith(".c") else os.environ.get("CXX", "c++")
+            if name.startswith("mpi_"):
+                compiler = "mpicc"
             cmd = [compiler, "-O2", "-Wall", "-Wextra", "-o", binp, path]
             with open(path, encoding="utf-8") as f:
                 if "<infiniband/verbs.h>" in f.read():
@@ -713,7 +851,8 @@ def build_shmrdma(args, notes: list[str]) -> str:
         for attempt in range(3):
             log("building shmrdma (ninja -C build)")
             plugin = plugin_targets(build)
-            targets = ["tools/shmrdma"] + plugin if plugin else []  # a fresh tree: build everything
+            # the shim too: `shmrdma run` preloads it (completion channels, which UCX needs)
+            targets = ["tools/shmrdma", "tools/shim/libshmrdma-shim.so"] + plugin if plugin else []
             r = subprocess.run(["ninja", "-C", build] + targets, cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             out = r.stdout
@@ -743,8 +882,9 @@ SNAPSHOT_DIR: str | None = None
 
 
 def snapshot_build(build: str) -> str | None:
-    """Copies the command and the plugin, in the build tree's layout (the
-    command finds the plugin at ../providers/shmrdma/), to a private folder."""
+    """Copies the command, the plugin and the shim, in the build tree's layout
+    (the command finds the plugin at ../providers/shmrdma/ and the shim at
+    shim/), to a private folder."""
     global SNAPSHOT_DIR
     exe = os.path.join(build, "tools", "shmrdma")
     pdir = os.path.join(build, "providers", "shmrdma")
@@ -759,6 +899,10 @@ def snapshot_build(build: str) -> str | None:
         shutil.copy2(exe, os.path.join(snap, "tools", "shmrdma"))
         for p in plugins:
             shutil.copy2(os.path.join(pdir, p), os.path.join(snap, "providers", "shmrdma", p))
+        shim = os.path.join(build, "tools", "shim", "libshmrdma-shim.so")
+        if os.path.exists(shim):  # `shmrdma run` finds it at <exe dir>/shim/ in the build layout
+            os.makedirs(os.path.join(snap, "tools", "shim"))
+            shutil.copy2(shim, os.path.join(snap, "tools", "shim", "libshmrdma-shim.so"))
         r = subprocess.run([os.path.join(snap, "tools", "shmrdma"), "--help"], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=30)
         if r.returncode != 0:
@@ -1361,7 +1505,7 @@ def main(argv=None) -> int:
     shmrdma = build_shmrdma(args, notes)
     probes = build_probes(os.environ.get("CC", "cc"))
     ucx_tls = [t.strip() for t in args.ucx_tls.split(",") if t.strip()]
-    plan = Plan(args.quick, shmrdma, ucx_tls, args.host)
+    plan = Plan(args.quick, shmrdma, ucx_tls, args.host, probes.get("mpi_pingpong"), args.shmrdma_env)
     if args.only:
         plan.restrict(args.only)
     if args.no_peers:
@@ -1437,13 +1581,14 @@ def main(argv=None) -> int:
                     res.group = gname
                     report.results.append((rnd, res))
                     done += 1
-                    figname = ("lat_us" if "lat" in spec.test or spec.impl == "fi" else
+                    figname = ("lat_us" if "lat" in spec.test or spec.impl == "fi" or (spec.impl == "mpi" and
+                                                                                     spec.size == 8) else
                                "rate_Mpps" if spec.size == 8 else "bw_GBps")
                     fig = res.figures.get(figname)
                     status = f"{fmt(fig)} {FIGURE_UNITS[figname]}" if res.ok else f"FAILED: {res.reason[:160]}"
                     log(f"[{done}/{total}] r{rnd} {spec.label} {human_size(spec.size)}: {status} "
                         f"({res.duration:.1f}s)")
-                    if not res.ok and spec.impl == "shmrdma":
+                    if not res.ok and spec.on_shmrdma:
                         # reclaim what the killed processes left behind
                         device("up")
             probe_boundary(rnd, rnd == args.rounds and not args.quick)

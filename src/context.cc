@@ -232,10 +232,15 @@ int inspect_context(const DevicePaths& paths, const ContextInfo& ctx, ContextObj
     auto* mrs = m.at<layout::MrEntry>(l.mr_table);
     for (uint32_t i = 0; i < l.mr_slots; ++i) {
       if (mrs[i].state.load(std::memory_order_acquire) != layout::kLive) continue;
-      if (std::atomic_ref<uint32_t>(mrs[i].kind).load(std::memory_order_relaxed) == layout::kKindMr)
+      if (std::atomic_ref<uint32_t>(mrs[i].kind).load(std::memory_order_relaxed) == layout::kKindMr) {
         ++o.mrs;
-      else
+        o.mr_list.push_back({i, std::atomic_ref<uint32_t>(mrs[i].rkey).load(std::memory_order_relaxed),
+                             std::atomic_ref<uint64_t>(mrs[i].length).load(std::memory_order_relaxed),
+                             std::atomic_ref<uint16_t>(mrs[i].tier).load(std::memory_order_relaxed),
+                             std::atomic_ref<uint16_t>(mrs[i].tier_why).load(std::memory_order_relaxed)});
+      } else {
         ++o.mws;
+      }
     }
   } catch (const std::bad_alloc&) {
     return ENOMEM;

@@ -479,6 +479,10 @@ struct ContextObjects {
   uint32_t pds = 0, cqs = 0, wqs = 0, ind_tables = 0, qps = 0, srqs = 0, mrs = 0, mws = 0;
   struct Wq { uint32_t wq_num, state, capacity, max_sge, pd, cq; };
   std::vector<Wq> wq_list;
+  // Each MR's data-mover tier (layout::MrTier) and, for the CMA tier, why
+  // (layout::TierWhy), as the owner published them (untrusted: shown only).
+  struct Mr { uint32_t index, rkey; uint64_t length; uint16_t tier, tier_why; };
+  std::vector<Mr> mr_list;
 };
 // Returns 0 and fills *out, or an errno (EPROTO for a segment that fails validation).
 int inspect_context(const DevicePaths& paths, const ContextInfo& ctx, ContextObjects* out) noexcept;

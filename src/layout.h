@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 10;
+inline constexpr uint32_t kLayoutVersion = 11;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -382,7 +382,9 @@ struct MrEntry {
   // and reaches host_addr at offset host_addr - map_start.
   // map_id is the memfd's inode number: fd numbers are reused, so a peer
   // checks it when it opens the fd and keys its mappings by it.
-  uint32_t tier;
+  // tier_why (TierWhy): why an MR is in the CMA tier, for `shmrdma status`.
+  uint16_t tier;
+  uint16_t tier_why;
   int32_t memfd;
   uint64_t map_start;
   uint64_t map_len;
@@ -406,7 +408,16 @@ struct MrEntry {
 static_assert(sizeof(MrEntry) == 96);
 static_assert(offsetof(MrEntry, mw_key) % 8 == 0);
 
-enum MrTier : uint32_t { kTierCma = 0, kTierMapped = 1 };
+enum MrTier : uint16_t { kTierCma = 0, kTierMapped = 1 };
+enum TierWhy : uint16_t {
+  kTierWhyNone = 0,       // mapped
+  kTierWhyDisabled = 1,   // SHMRDMA_MAPPED=0, or a sanitizer build
+  kTierWhyMemory = 2,     // not private anonymous read-write memory in a few mappings (file, shared, stack...)
+  kTierWhyThreads = 3,    // other threads run and userfaultfd is not permitted (mapped.cc)
+  kTierWhyKernel = 4,     // the kernel refused a step of the move
+  kTierWhyResources = 5,  // out of regions, file descriptors or memory
+  kTierWhyWindow = 6,     // a memory window that is not bound
+};
 enum MrKind : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
 inline constexpr uint64_t kMwValid = uint64_t{1} << 32;
 

@@ -1,10 +1,16 @@
 #include "mapped.h"
 
+#include "layout.h"
+
 #include <dirent.h>
-#include <pthread.h>
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +43,21 @@ bool g_atfork = false;
 
 uint64_t page_size() { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
 
+// The memory system calls this file makes, straight to the kernel: programs
+// interpose mmap/mremap/munmap (UCX's memory hooks patch every object's
+// relocations, and pass a garbage new_address to a five-argument mremap);
+// nothing of theirs must run in the middle of a move, nor see our remaps of
+// memory whose contents do not change.
+void* sys_mmap(void* addr, uint64_t len, int prot, int flags, int fd) {
+  long r = ::syscall(SYS_mmap, addr, len, prot, flags, fd, 0L);
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+void* sys_mremap(void* from, uint64_t len, int flags, void* to) {
+  long r = ::syscall(SYS_mremap, from, len, len, flags, to);
+  return r == -1 ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+int sys_munmap(void* addr, uint64_t len) { return static_cast<int>(::syscall(SYS_munmap, addr, len)); }
+
 bool tier_enabled() {
 #if defined(__SANITIZE_ADDRESS__)
   // Moving whole pages would copy AddressSanitizer's redzones and shadowed
@@ -45,6 +66,13 @@ bool tier_enabled() {
 #endif
   const char* e = std::getenv("SHMRDMA_MAPPED");
   return !(e && std::strcmp(e, "0") == 0);
+}
+
+// SHMRDMA_MAPPED=single: never use a userfaultfd (only single-threaded
+// processes are moved, as before it), to test and measure that fallback.
+bool uffd_allowed() {
+  const char* e = std::getenv("SHMRDMA_MAPPED");
+  return !(e && std::strcmp(e, "single") == 0);
 }
 
 bool single_threaded() {
@@ -111,8 +139,25 @@ bool covered_by(uint64_t s, uint64_t e, P&& ok) {
   return read && good && covered >= e;
 }
 
-bool private_anonymous(uint64_t s, uint64_t e) {
-  return covered_by(s, e, [](const Mapping& m) { return m.anon && std::strcmp(m.perms, "rw-p") == 0; });
+// A piece of [s, e) inside one mapping (mremap moves within one mapping).
+struct Piece {
+  uint64_t lo, hi;
+};
+constexpr size_t kMaxPieces = 16;
+
+// [s, e) is private anonymous read-write memory, in at most kMaxPieces
+// mappings (*pieces, *npieces), none of which holds the calling thread's
+// stack (it could not run while its stack is frozen, see move_frozen).
+bool private_anonymous(uint64_t s, uint64_t e, Piece* pieces, size_t* npieces) {
+  const auto sp = reinterpret_cast<uint64_t>(__builtin_frame_address(0));
+  size_t n = 0;
+  bool ok = covered_by(s, e, [&](const Mapping& m) {
+    if (!m.anon || std::strcmp(m.perms, "rw-p") != 0 || n == kMaxPieces || (sp >= m.lo && sp < m.hi)) return false;
+    pieces[n++] = Piece{std::max(m.lo, s), std::min(m.hi, e)};
+    return true;
+  });
+  *npieces = n;
+  return ok;
 }
 
 // [s, e) is still region r's memfd, mapped read-write at its own offset.
@@ -125,45 +170,289 @@ bool backed_by(const Region& r, uint64_t s, uint64_t e) {
 // Replaces the pages of [s, s + n) with private anonymous copies of them, in
 // one mremap (the range is never unmapped), with protection prot.
 bool privatize(uint64_t s, uint64_t n, int prot) {
-  void* tmp = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* tmp = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
   if (tmp == MAP_FAILED) return false;
   std::memcpy(tmp, reinterpret_cast<void*>(s), n);
   if (prot != (PROT_READ | PROT_WRITE)) ::mprotect(tmp, n, prot);
-  if (::mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s)) == MAP_FAILED) {
-    ::munmap(tmp, n);
+  if (sys_mremap(tmp, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s)) == MAP_FAILED) {
+    sys_munmap(tmp, n);
     return false;
   }
   return true;
 }
 
+// A userfaultfd that also handles faults taken in the kernel (a system call
+// of another thread reading or writing the range must wait, not fail with
+// EFAULT as it would with UFFD_USER_MODE_ONLY): the userfaultfd() system call
+// where vm.unprivileged_userfaultfd or CAP_SYS_PTRACE allows it, else
+// /dev/userfaultfd where its permissions do. -1 when neither.
+int open_userfaultfd(uint64_t features = 0) {
+  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (fd < 0 && errno == EPERM) {
+    int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+    if (dev >= 0) {
+      fd = ::ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+      ::close(dev);
+    }
+  }
+  if (fd < 0) return -1;
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = features;
+  if (::ioctl(fd, UFFDIO_API, &api) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The move of a range that other threads may be using (share_region). The
+// range is registered with a userfaultfd (missing pages), so once its pages
+// are taken away every access to it waits in the kernel instead of seeing a
+// fresh zero page. Then, on a helper thread (below):
+//   1. mremap(MREMAP_DONTUNMAP) takes each piece's pages to `park`, in one
+//      step per piece: the range stays mapped, now empty, and every access
+//      to it (a store of another thread, a system call, a peer's CMA access)
+//      blocks on the userfaultfd;
+//   2. the bytes are copied from `park` into the memfd (through `view`);
+//   3. the memfd is mapped over the range with MAP_FIXED, in one step;
+//   4. UFFDIO_WAKE (and closing the userfaultfd) releases the waiting
+//      threads: their faults retry and find the memfd's pages, holding every
+//      byte as it was when the pages were taken.
+// No store is lost (nobody can store into the range between 1 and 3) and
+// every wait is bounded by the copy of the range (the helper waits for
+// nothing). If a step fails, the parked pages go back where they were
+// (mremap, or UFFDIO_COPY as the last resort) before the waiters are woken.
+//
+// Why a helper thread: the thread that moves must not touch the frozen range
+// itself, or it waits for itself forever. The calling thread's stack is
+// checked (private_anonymous), but its thread control block (where the stack
+// protector's canary and errno live) can sit in the brk heap, and the heap is
+// a range applications register. A fresh thread has its stack, TCB and TLS in
+// its own new mapping, runs with every signal blocked (no handler of the
+// application runs on it) and calls nothing that allocates. The provider is
+// linked with -z now, so no lazy symbol binding (which touches the loader's
+// heap data) happens in the window either.
+struct Move {
+  int uffd;
+  int memfd;
+  uint64_t s, n;
+  uint8_t* park;  // n bytes reserved; piece i goes to park + (lo - s)
+  uint8_t* view;  // the memfd, mapped read-write
+  const Piece* pieces;
+  size_t npieces;
+  int err;  // 0 when the range is now the memfd
+};
+
+void* move_frozen(void* arg) {
+  auto* m = static_cast<Move*>(arg);
+  size_t parked = 0;
+  for (; parked < m->npieces; ++parked) {
+    const Piece& p = m->pieces[parked];
+    void* to = m->park + (p.lo - m->s);
+    if (sys_mremap(reinterpret_cast<void*>(p.lo), p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) ==
+        MAP_FAILED) {
+      m->err = errno;
+      break;
+    }
+  }
+  if (m->err == 0) {
+    std::memcpy(m->view, m->park, m->n);
+    void* at = sys_mmap(reinterpret_cast<void*>(m->s), m->n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->memfd);
+    if (at == MAP_FAILED) m->err = errno;
+  }
+  if (m->err != 0) {
+    // Put the parked pages back: the range is still the registered, empty
+    // mapping (nobody could fill it), so no byte is lost either way.
+    for (size_t i = 0; i < parked; ++i) {
+      const Piece& p = m->pieces[i];
+      void* from = m->park + (p.lo - m->s);
+      if (sys_mremap(from, p.hi - p.lo, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(p.lo)) != MAP_FAILED)
+        continue;
+      uffdio_copy c{};
+      c.dst = p.lo;
+      c.src = reinterpret_cast<uint64_t>(from);
+      c.len = p.hi - p.lo;
+      c.mode = UFFDIO_COPY_MODE_DONTWAKE;
+      if (::ioctl(m->uffd, UFFDIO_COPY, &c) != 0 && errno != EEXIST) {
+        static constexpr char kMsg[] = "shmrdma: ibv_reg_mr: could not restore memory after a failed move\n";
+        (void)!::write(2, kMsg, sizeof kMsg - 1);
+      }
+    }
+  }
+  uffdio_range all{m->s, m->n};
+  (void)::ioctl(m->uffd, UFFDIO_WAKE, &all);
+  return nullptr;
+}
+
+// The way back (release_region) in a process that may have other threads:
+// the memfd's mapping is registered for missing and minor faults, one
+// mremap(MREMAP_DONTUNMAP) takes its page table entries to `park` (the old
+// mapping stays, still the memfd, and every access to it now waits: minor
+// faults for pages in the memfd, missing faults for holes), the bytes are
+// copied from `park` into private anonymous memory, which one mremap puts
+// over the range, and the waiters are woken onto it. If a step fails the old
+// mapping is still the memfd's, holding every byte: the waiters resume on it.
+struct MoveBack {
+  uint64_t s, n;
+  uint8_t* park;  // n bytes reserved
+  uint8_t* priv;  // n bytes of private anonymous memory
+  int uffd;
+  int err;
+};
+
+void* move_back_frozen(void* arg) {
+  auto* m = static_cast<MoveBack*>(arg);
+  if (sys_mremap(reinterpret_cast<void*>(m->s), m->n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, m->park) ==
+      MAP_FAILED) {
+    m->err = errno;
+  } else {
+    std::memcpy(m->priv, m->park, m->n);
+    if (sys_mremap(m->priv, m->n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(m->s)) == MAP_FAILED)
+      m->err = errno;
+  }
+  uffdio_range all{m->s, m->n};
+  (void)::ioctl(m->uffd, UFFDIO_WAKE, &all);
+  return nullptr;
+}
+
+// Runs fn(arg) on a helper thread with every signal blocked (see Move).
+// false when the thread cannot be made (nothing was done).
+bool run_helper(void* (*fn)(void*), void* arg) {
+  sigset_t all, old;
+  ::sigfillset(&all);
+  if (::pthread_sigmask(SIG_BLOCK, &all, &old) != 0) return false;
+  pthread_attr_t attr;
+  pthread_t t;
+  int rc = ::pthread_attr_init(&attr);
+  if (rc == 0) {
+    (void)::pthread_attr_setstacksize(&attr, 64 << 10);
+    rc = ::pthread_create(&t, &attr, fn, arg);
+    ::pthread_attr_destroy(&attr);
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) return false;
+  ::pthread_join(t, nullptr);
+  return true;
+}
+
+// release_region's move back with other threads about (MoveBack); false
+// when it was not done (the range is then still the memfd's).
+bool privatize_frozen(uint64_t s, uint64_t n) {
+  if (!uffd_allowed()) return false;
+  int uffd = open_userfaultfd(UFFD_FEATURE_MINOR_SHMEM);
+  if (uffd < 0) return false;
+  void* park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
+  void* priv = park == MAP_FAILED ? MAP_FAILED : sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+  bool done = false;
+  if (priv != MAP_FAILED) {
+    uffdio_register reg{};
+    reg.range.start = s;
+    reg.range.len = n;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR;
+    if (::ioctl(uffd, UFFDIO_REGISTER, &reg) == 0) {
+      MoveBack m{s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(priv), uffd, 0};
+      done = run_helper(move_back_frozen, &m) && m.err == 0;
+    }
+  }
+  ::close(uffd);  // unregisters the old mapping if it is still there
+  if (park != MAP_FAILED) sys_munmap(park, n);
+  if (priv != MAP_FAILED && !done) sys_munmap(priv, n);
+  return done;
+}
+
+// The move of a single-threaded process (no userfaultfd needed: nobody else
+// can touch the range): copy, then one mremap of the memfd over the range.
+int move_alone(uint64_t s, uint64_t n, void* view) {
+  std::memcpy(view, reinterpret_cast<void*>(s), n);
+  void* moved = sys_mremap(view, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
+  return moved == MAP_FAILED ? errno : 0;
+}
+
 // fork(): the child gets private copies of every shared range (mapped.h).
-void atfork_prepare() { g_mu.lock(); }
-void atfork_parent() { g_mu.unlock(); }
+// The copies are taken in the parent, before the fork (prepare), and the
+// child only moves them into place: a copy taken in the child after fork()
+// returned could pick up stores the parent's threads (or the parent itself,
+// running on) make after the fork. If a snapshot cannot be made, the child
+// copies that range itself (privatize), as a last resort.
+struct Snapshot {
+  uint64_t lo, hi;
+  int prot;
+  void* copy;  // MAP_FAILED: none, the child copies
+};
+std::vector<Snapshot>* g_snaps = nullptr;
+
+void atfork_prepare() {
+  g_mu.lock();
+  if (!g_regions || g_regions->empty()) return;
+  try {
+    if (!g_snaps) g_snaps = new std::vector<Snapshot>();
+    g_snaps->clear();
+    for_each_mapping([&](const Mapping& m) {
+      if (!m.ours) return true;
+      for (const Region& r : *g_regions)
+        if (r.ino == m.ino && m.perms[0] == 'r') {
+          int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
+          g_snaps->push_back({m.lo, m.hi, prot, MAP_FAILED});
+          break;
+        }
+      return true;
+    });
+  } catch (...) {
+    return;  // no list: the child finds the ranges itself
+  }
+  for (Snapshot& sn : *g_snaps) {
+    const uint64_t n = sn.hi - sn.lo;
+    void* c = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (c == MAP_FAILED) continue;
+    std::memcpy(c, reinterpret_cast<void*>(sn.lo), n);
+    if (sn.prot != (PROT_READ | PROT_WRITE)) ::mprotect(c, n, sn.prot);
+    sn.copy = c;
+  }
+}
+
+void atfork_parent() {
+  if (g_snaps) {
+    for (const Snapshot& sn : *g_snaps)
+      if (sn.copy != MAP_FAILED) sys_munmap(sn.copy, sn.hi - sn.lo);
+    g_snaps->clear();
+  }
+  g_mu.unlock();
+}
+
 void atfork_child() {
   if (g_regions && !g_regions->empty()) {
-    struct Range {
-      uint64_t lo, hi;
-      int prot;
-    };
-    std::vector<Range> ranges;  // the child is single-threaded: allocation is safe
-    try {
-      for_each_mapping([&](const Mapping& m) {
-        if (!m.ours) return true;
-        for (const Region& r : *g_regions)
-          if (r.ino == m.ino && m.perms[0] == 'r') {
-            int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
-            ranges.push_back({m.lo, m.hi, prot});
-            break;
-          }
-        return true;
-      });
-    } catch (...) {
+    std::vector<Snapshot> ranges;  // the child is single-threaded: allocation is safe
+    if (g_snaps && !g_snaps->empty()) {
+      ranges.swap(*g_snaps);
+    } else {
+      try {
+        for_each_mapping([&](const Mapping& m) {
+          if (!m.ours) return true;
+          for (const Region& r : *g_regions)
+            if (r.ino == m.ino && m.perms[0] == 'r') {
+              int prot = PROT_READ | (m.perms[1] == 'w' ? PROT_WRITE : 0) | (m.perms[2] == 'x' ? PROT_EXEC : 0);
+              ranges.push_back({m.lo, m.hi, prot, MAP_FAILED});
+              break;
+            }
+          return true;
+        });
+      } catch (...) {
+      }
     }
-    for (const Range& r : ranges)
-      if (!privatize(r.lo, r.hi - r.lo, r.prot)) {
+    for (const Snapshot& r : ranges) {
+      const uint64_t n = r.hi - r.lo;
+      // The parent's snapshot moves into place (one mremap, the range never
+      // unmapped); without one, the child copies.
+      bool ok = r.copy != MAP_FAILED
+                    ? sys_mremap(r.copy, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(r.lo)) != MAP_FAILED
+                    : false;
+      if (!ok && r.copy != MAP_FAILED) sys_munmap(r.copy, n);
+      if (!ok && !privatize(r.lo, n, r.prot)) {
         static constexpr char kMsg[] = "shmrdma: fork: could not give the child a private copy of registered memory\n";
         (void)!::write(2, kMsg, sizeof kMsg - 1);
       }
+    }
     for (const Region& r : *g_regions)
       if (r.fd >= 0) ::close(r.fd);
     g_regions->clear();
@@ -173,10 +462,14 @@ void atfork_child() {
 
 }  // namespace
 
-bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
+bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why) noexcept {
+  uint16_t no_why = 0;
+  if (!why) why = &no_why;
+  *why = layout::kTierWhyDisabled;
   if (!tier_enabled() || len == 0) return false;
   const uint64_t ps = page_size();
   uint64_t s = addr & ~(ps - 1), e = (addr + len + ps - 1) & ~(ps - 1);
+  *why = layout::kTierWhyResources;
   std::lock_guard lk(g_mu);
   try {
     if (!g_regions) g_regions = new std::vector<Region>();
@@ -194,6 +487,7 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
     if (r.fd >= 0 && s >= r.start && e <= r.start + r.len && backed_by(r, s, e)) {
       r.refs += 1;
       *out = SharedRegion{r.fd, r.start, r.len, r.ino};
+      *why = layout::kTierWhyNone;
       return true;
     }
   // Forget ranges left shared whose mappings are gone.
@@ -207,39 +501,75 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept {
     return !mapped;
   });
   if (g_regions->size() >= kMaxRegions) return false;
-  // Another thread could write the range between the copy and the remap and
-  // lose its store: only a single-threaded process is moved.
-  if (!single_threaded() || !private_anonymous(s, e)) return false;
+  Piece pieces[kMaxPieces];
+  size_t npieces = 0;
+  if (!private_anonymous(s, e, pieces, &npieces)) {
+    *why = layout::kTierWhyMemory;
+    return false;
+  }
+  // Other threads may store into the range while it moves: with a
+  // userfaultfd they wait instead (Move). Without one, only a process that
+  // has no other thread is moved.
+  int uffd = uffd_allowed() ? open_userfaultfd() : -1;
+  if (uffd < 0 && !single_threaded()) {
+    *why = layout::kTierWhyThreads;
+    return false;
+  }
+  const uint64_t n = e - s;
   int fd = ::memfd_create(kMemfdName, MFD_CLOEXEC);
-  if (fd < 0) return false;
-  uint64_t n = e - s;
   struct stat st{};
-  void* tmp = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
-    tmp = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (tmp == MAP_FAILED) {
-    ::close(fd);
-    return false;
-  }
+  void* view = MAP_FAILED;
+  void* park = MAP_FAILED;
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
+    view = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
+  if (view != MAP_FAILED && uffd >= 0) park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
   Region r{fd, s, n, static_cast<uint64_t>(st.st_ino), 1};
+  bool prepared = view != MAP_FAILED;
   try {
-    g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
+    if (prepared) g_regions->reserve(g_regions->size() + 1);  // nothing can fail after the move
   } catch (...) {
-    ::munmap(tmp, n);
-    ::close(fd);
-    return false;
+    prepared = false;
   }
-  std::memcpy(tmp, reinterpret_cast<void*>(s), n);
-  // One system call replaces the private pages with the shared ones: the
-  // range is never unmapped in between.
-  void* moved = ::mremap(tmp, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(s));
-  if (moved == MAP_FAILED) {
-    ::munmap(tmp, n);
-    ::close(fd);
+  bool ready = prepared && (uffd < 0 || park != MAP_FAILED);
+  if (ready && uffd >= 0) {
+    uffdio_register reg{};
+    reg.range.start = s;
+    reg.range.len = n;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (::ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) {
+      *why = layout::kTierWhyKernel;
+      ready = false;
+    }
+  }
+  int err = ready ? 0 : -1;
+  if (ready && uffd >= 0) {
+    (void)::syscall(-1);  // binds the symbol before the window (see Move)
+    Move m{uffd, fd, s, n, static_cast<uint8_t*>(park), static_cast<uint8_t*>(view), pieces, npieces, 0};
+    err = run_helper(move_frozen, &m) ? m.err : -1;
+    if (err) *why = layout::kTierWhyKernel;
+  }
+  if (err != 0 && prepared && uffd >= 0 && single_threaded()) {
+    // A kernel that refused a step of the frozen move (MREMAP_DONTUNMAP came
+    // in 5.7; the range is as it was): the plain move, alone.
+    ::close(uffd);
+    uffd = -1;
+    err = 0;
+  }
+  if (prepared && uffd < 0 && err == 0) {
+    err = move_alone(s, n, view);  // the view becomes the range
+    view = err ? view : MAP_FAILED;
+    if (err) *why = layout::kTierWhyKernel;
+  }
+  if (uffd >= 0) ::close(uffd);  // also unregisters what is left registered
+  if (park != MAP_FAILED) sys_munmap(park, n);
+  if (view != MAP_FAILED) sys_munmap(view, n);
+  if (err) {
+    if (fd >= 0) ::close(fd);
     return false;
   }
   g_regions->push_back(r);
   *out = SharedRegion{fd, s, n, r.ino};
+  *why = layout::kTierWhyNone;
   return true;
 }
 
@@ -250,13 +580,15 @@ void release_region(const SharedRegion& sr) noexcept {
     return r.fd == sr.memfd && r.fd >= 0 && r.start == sr.start && r.ino == sr.id && r.refs > 0;
   });
   if (it == g_regions->end() || --it->refs > 0) return;
-  // The last MR: the range goes back to private anonymous memory, unless
-  // another thread could be writing it (its store could be lost) or the
-  // application changed the mapping; then it stays shared without the fd.
+  // The last MR: the range goes back to private anonymous memory (with the
+  // frozen move when other threads may be writing it, MoveBack), unless the
+  // application changed the mapping or the kernel refuses; then it stays
+  // shared without the fd.
   ::close(it->fd);
   it->fd = -1;
-  if (single_threaded() && backed_by(*it, it->start, it->start + it->len) &&
-      privatize(it->start, it->len, PROT_READ | PROT_WRITE))
+  if (!backed_by(*it, it->start, it->start + it->len)) return;
+  if (privatize_frozen(it->start, it->len) ||
+      (single_threaded() && privatize(it->start, it->len, PROT_READ | PROT_WRITE)))
     g_regions->erase(it);
 }
 

@@ -2,13 +2,16 @@
 // own address space, so a remote WRITE, READ or atomic is a memcpy or a CPU
 // atomic instead of a system call.
 //
-// Owner side: at registration a private, anonymous, read-write range of a
-// single-threaded process is moved into a memfd in place (the bytes are
-// copied into the memfd and the memfd is mremap()ed over the same
-// addresses: the application sees the same memory at the same address).
+// Owner side: at registration a private, anonymous, read-write range is
+// moved into a memfd in place (the bytes are copied into the memfd and the
+// memfd is mapped over the same addresses: the application sees the same
+// memory at the same address). While it moves, other threads that touch the
+// range wait on a userfaultfd (mapped.cc, Move), so no store of theirs is
+// lost; where userfaultfd is not permitted only a single-threaded process is
+// moved.
 // Several MRs on one range share its region (reference-counted). When the
 // last MR on a region goes, the range is moved back into private anonymous
-// memory the same way (when the process is single-threaded again; else the
+// memory (when the process is single-threaded; else the
 // memfd is closed and the mapping stays shared until the application unmaps
 // it). fork() keeps the semantics of private memory: a pthread_atfork child
 // handler gives the child a private copy of every shared range (the parent
@@ -37,9 +40,10 @@ struct SharedRegion {
 };
 
 // Makes [addr, addr + len) part of a shared region, creating one when the
-// memory qualifies (see above). Returns false when it does not: the MR then
-// uses the CMA tier. Process-wide; thread-safe.
-bool share_region(uint64_t addr, uint64_t len, SharedRegion* out) noexcept;
+// memory qualifies (see above). Returns false when it does not, with the
+// reason in *why (layout::TierWhy): the MR then uses the CMA tier.
+// Process-wide; thread-safe.
+bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why = nullptr) noexcept;
 
 // Drops one reference taken by share_region (see above for the last one).
 void release_region(const SharedRegion& r) noexcept;

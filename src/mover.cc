@@ -93,8 +93,24 @@ int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, co
         .store(*static_cast<const char*>(ltail.base), std::memory_order_release);
     return 0;
   }
+#if defined(__x86_64__) || defined(__i386__)
+  // One system call: the final byte as its own last segment of both lists.
+  // The kernel copies the remote segments in order, each with its own copy
+  // instructions, and x86 keeps stores of separate instructions in order, so
+  // the final byte is stored after every other one.
+  if (nl == kMaxIov || nr == kMaxIov) {
+    if (int rc = cma(true, pid, l, nl, r, nr)) return rc;
+    return cma(true, pid, &ltail, 1, &rtail, 1);
+  }
+  if (l[nl - 1].len == 0) --nl;
+  if (r[nr - 1].len == 0) --nr;
+  l[nl++] = ltail;
+  r[nr++] = rtail;
+  return cma(true, pid, l, nl, r, nr);
+#else
   if (int rc = cma(true, pid, l, nl, r, nr)) return rc;
   return cma(true, pid, &ltail, 1, &rtail, 1);
+#endif
 }
 
 int move_in(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote,

@@ -58,7 +58,10 @@ int check_mapped(uint64_t addr, uint64_t length) {
 // *region is what the MR holds (release_region when it goes).
 void publish_tier(layout::MrEntry* e, uint64_t addr, uint64_t length, SharedRegion* region) {
   SharedRegion r;
-  if (share_region(addr, length, &r)) {
+  uint16_t why = layout::kTierWhyNone;
+  bool mapped = share_region(addr, length, &r, &why);
+  e->tier_why = why;
+  if (mapped) {
     e->tier = layout::kTierMapped;
     e->memfd = r.memfd;
     e->map_start = r.start;

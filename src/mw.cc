@@ -78,6 +78,7 @@ int LocalContext::create_mw(uint32_t pd, uint32_t type, MwInfo* out) noexcept {
     e->length = 0;
     e->host_addr = 0;
     e->tier = layout::kTierCma;
+    e->tier_why = layout::kTierWhyWindow;
     e->memfd = -1;
     e->map_start = e->map_len = e->map_id = 0;
     e->kind = s.kind;
@@ -162,6 +163,7 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
       e->length = s->mw_length;
       e->host_addr = m->addr + (s->mw_addr - m->iova);
       e->tier = me->tier;
+      e->tier_why = me->tier_why;
       e->memfd = me->memfd;
       e->map_start = me->map_start;
       e->map_len = me->map_len;
@@ -170,6 +172,7 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
       e->access = 0;
       e->iova = e->length = e->host_addr = 0;
       e->tier = layout::kTierCma;
+      e->tier_why = layout::kTierWhyWindow;
       e->memfd = -1;
       e->map_start = e->map_len = e->map_id = 0;
     }

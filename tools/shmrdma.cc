@@ -558,6 +558,18 @@ int cmd_counters(const std::string& home, const std::string& only, bool json) {
   return status;
 }
 
+const char* tier_why_name(uint16_t why) {
+  switch (why) {
+    case shmrdma::layout::kTierWhyDisabled: return "mapped tier off: SHMRDMA_MAPPED=0 or a sanitizer build";
+    case shmrdma::layout::kTierWhyMemory: return "not private anonymous read-write memory";
+    case shmrdma::layout::kTierWhyThreads: return "multi-threaded process and userfaultfd not permitted";
+    case shmrdma::layout::kTierWhyKernel: return "the kernel refused the move";
+    case shmrdma::layout::kTierWhyResources: return "out of regions, descriptors or memory";
+    case shmrdma::layout::kTierWhyWindow: return "unbound memory window";
+    default: return "unknown";
+  }
+}
+
 int cmd_status(const std::string& home, bool json) {
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& name : shmrdma::list_devices(home)) {
@@ -640,6 +652,13 @@ int cmd_status(const std::string& home, bool json) {
         for (const auto& w : o.wq_list)
           cj["wqs"].push_back({{"wq_num", w.wq_num}, {"state", wq_state_name(w.state)}, {"max_wr", w.capacity},
                                {"max_sge", w.max_sge}});
+        cj["mrs"] = nlohmann::json::array();
+        for (const auto& m : o.mr_list) {
+          nlohmann::json mj = {{"index", m.index}, {"rkey", m.rkey}, {"length", m.length},
+                               {"tier", m.tier == shmrdma::layout::kTierMapped ? "mapped" : "cma"}};
+          if (m.tier != shmrdma::layout::kTierMapped) mj["why"] = tier_why_name(m.tier_why);
+          cj["mrs"].push_back(mj);
+        }
       }
       dj["processes"].push_back(cj);
     }
@@ -707,6 +726,9 @@ int cmd_status(const std::string& home, bool json) {
       for (const auto& w : cj["wqs"])
         fmt::print("    WQ {:#x}: {} max_wr {} max_sge {}\n", w["wq_num"].get<uint32_t>(),
                    w["state"].get<std::string>(), w["max_wr"].get<uint32_t>(), w["max_sge"].get<uint32_t>());
+      for (const auto& m : cj["mrs"])
+        fmt::print("    MR rkey {:#x}: {} bytes, {} tier{}\n", m["rkey"].get<uint32_t>(), m["length"].get<uint64_t>(),
+                   m["tier"].get<std::string>(), m.contains("why") ? " (" + m["why"].get<std::string>() + ")" : "");
     }
   }
   return 0;

@@ -24,6 +24,13 @@
 //            buffer; the parent must not see that write
 //   fork-neighbor  the same for a small allocation that shares a page with a
 //            registered heap buffer (memory the application never registered)
+//   threads  two other threads store into the middle of the buffer all the
+//            time: while it is registered (every store must survive the move
+//            into shared memory), while a child is forked, and while the peer
+//            writes and reads; the MR must be in the mapped tier all the same
+//
+// Every owner also checks the MR's tier in `shmrdma status --json`: mapped
+// for anonymous memory, CMA ("not private anonymous") for the file.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
@@ -33,10 +40,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dp_harness.h"
@@ -169,7 +178,7 @@ uint8_t* remake(const std::string& scenario, Ep& e, std::vector<ibv_mr*>* keep, 
     *note = "neighbor allocation in the buffer's last page";
     return p;
   }
-  if (scenario == "twice" || scenario == "fork") {
+  if (scenario == "twice" || scenario == "fork" || scenario == "threads") {
     void* p = ::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) die("mmap");
     if (scenario == "twice") {
@@ -183,6 +192,82 @@ uint8_t* remake(const std::string& scenario, Ep& e, std::vector<ibv_mr*>* keep, 
   die("unknown scenario %s", scenario.c_str());
 }
 
+// Other threads storing into buf[kProbe, len - kProbe) (threads scenario):
+// writer w stores 1, 2, 3... into its words in turn, v into word v mod its
+// word count, slowly enough that a lap outlasts a registration, so a store
+// lost in the move stays visible as an older value once they stop.
+class Writers {
+ public:
+  static constexpr uint64_t kN = 2;
+  void start(uint8_t* buf, size_t len) {
+    words_ = reinterpret_cast<uint64_t*>(buf + kProbe);
+    per_ = (len - 2 * kProbe) / 8 / kN;
+    if (last_[0].load() == 0) std::memset(words_, 0, per_ * kN * 8);  // the first start: nothing stored yet
+    stop_ = false;
+    for (uint64_t w = 0; w < kN; ++w)
+      ts_.emplace_back([this, w] {
+        for (uint64_t v = last_[w].load() + 1; !stop_.load(std::memory_order_relaxed); ++v) {
+          reinterpret_cast<volatile uint64_t*>(words_)[(v % per_) * kN + w] = v;
+          last_[w].store(v, std::memory_order_release);
+          for (int k = 0; k < 40; ++k) __builtin_ia32_pause();
+          if (v % 16 == 0) std::this_thread::yield();  // leave the CPUs to the owner and the peer (sanitizers, load)
+        }
+      });
+    for (uint64_t w = 0; w < kN; ++w)
+      while (last_[w].load() < 3) std::this_thread::yield();
+  }
+  // Stops them; the number of words that do not hold their writer's last
+  // store there (*first: the first such word's index, its value, the store).
+  uint64_t stop_and_check(std::string* first) {
+    stop_ = true;
+    for (auto& t : ts_) t.join();
+    ts_.clear();
+    uint64_t bad = 0;
+    for (uint64_t w = 0; w < kN; ++w) {
+      const uint64_t l = last_[w].load();
+      for (uint64_t j = 0; j < per_; ++j) {
+        const uint64_t want = l >= j ? l - (l - j) % per_ : 0, got = words_[j * kN + w];
+        if (got != want && bad++ == 0)
+          *first = "word " + std::to_string(j * kN + w) + " holds " + std::to_string(got) + ", its writer stored " +
+                   std::to_string(want) + " there";
+      }
+    }
+    return bad;
+  }
+
+ private:
+  uint64_t* words_ = nullptr;
+  uint64_t per_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> last_[kN] = {};
+  std::vector<std::thread> ts_;
+};
+
+// The MR's tier and reason in `shmrdma status --json` ("" when not listed).
+std::string status_tier(uint32_t rkey) {
+  const char* bin = std::getenv("SHMRDMA_BIN");
+  if (!bin) return "";
+  std::string cmd = std::string(bin) + " status --json";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char chunk[4096];
+  while (size_t n = std::fread(chunk, 1, sizeof chunk, f)) out.append(chunk, n);
+  ::pclose(f);
+  try {
+    const nlohmann::json st = nlohmann::json::parse(out);
+    for (const auto& d : st["devices"])
+      for (const auto& p : d["processes"])
+        if (p.value("pid", -1LL) == static_cast<long long>(::getpid()) && p.contains("mrs"))
+          for (const auto& m : p["mrs"])
+            if (m.value("rkey", 0u) == rkey) return m.value("tier", "") + (m.contains("why") ? " (" + m.value("why", "") + ")" : "");
+  } catch (const std::exception& ex) {
+    std::printf("status: %s\n", ex.what());
+  }
+  std::printf("status: pid %d not listed\n", static_cast<int>(::getpid()));
+  return "";
+}
+
 int run_owner(const std::string& scenario) {
   Ep e;
   open_ep(&e);
@@ -192,10 +277,47 @@ int run_owner(const std::string& scenario) {
   size_t len = scenario == "heap" ? (64u << 10) : scenario == "realloc" ? kBigLen
              : scenario == "fork-neighbor" ? (64u << 10) + 100 : kLen;
   std::memset(buf, kCurrent, len);
+  Writers writers;
+  const bool threads = scenario == "threads";
+  if (threads) writers.start(buf, len);
   ibv_mr* mr = ibv_reg_mr(e.pd, buf, len, kRemote);
   if (!mr) die("ibv_reg_mr: %s", std::strerror(errno));
+  if (threads) {
+    std::string first;
+    if (uint64_t lost = writers.stop_and_check(&first))
+      die("%" PRIu64 " stores of other threads were lost while ibv_reg_mr moved the buffer: %s", lost, first.c_str());
+    writers.start(buf, len);  // and again while fork() and the peer run
+  }
   for (ibv_mr* m : extra)
     if (ibv_dereg_mr(m)) die("ibv_dereg_mr of the first MR");
+  const std::string tier = status_tier(mr->rkey);
+#if defined(__SANITIZE_ADDRESS__)
+  const char* forced = nullptr;
+  const bool want_mapped = false;  // sanitizer builds use the CMA tier only
+#else
+  const char* forced = std::getenv("SHMRDMA_MAPPED");  // 0: the CMA tier only; single: no userfaultfd
+  const bool want_mapped = scenario != "file" && !(forced && std::strcmp(forced, "0") == 0);
+#endif
+  bool any = forced && std::strcmp(forced, "single") == 0;
+#if defined(__SANITIZE_THREAD__)
+  any = any || scenario == "heap";  // TSan's allocator serves malloc() from memory of its own
+#endif
+  if (!any && (want_mapped ? tier != "mapped" : tier.rfind("cma (", 0) != 0))
+    die("scenario %s: shmrdma status shows the MR's tier as \"%s\", expected %s", scenario.c_str(), tier.c_str(),
+        want_mapped ? "mapped" : "cma with a reason");
+  note += note.empty() ? "" : ", ";
+  note += tier + " tier";
+  if (threads) {
+    pid_t c = ::fork();
+    if (c == 0) {
+      std::memset(buf, 0x99, len);
+      std::_Exit(0);
+    }
+    int st = 0;
+    ::waitpid(c, &st, 0);
+    if (buf[0] != kCurrent || buf[len - 1] != kCurrent)
+      die("a child forked while other threads wrote the registered buffer wrote to its copy and the parent sees it");
+  }
   if (scenario == "fork") {
     // The child writes into its copy of the registered buffer.
     pid_t c = ::fork();
@@ -258,6 +380,12 @@ int run_owner(const std::string& scenario) {
     if (::pread(fd, f.data(), half, 0) != static_cast<ssize_t>(half)) die("pread");
     for (size_t i = 0; i < half; ++i)
       if (f[i] != kWritten) die("the WRITE is in the mapping but not in the file (byte %zu is 0x%02x)", i, f[i]);
+  }
+  if (threads) {
+    std::string first;
+    if (uint64_t lost = writers.stop_and_check(&first))
+      die("%" PRIu64 " stores of other threads into the shared buffer were lost while the peer wrote: %s", lost,
+          first.c_str());
   }
   if (line.rfind("READ ok", 0) != 0)
     die("scenario %s (%s): the peer's RDMA READ did not return the owner's memory: %s", scenario.c_str(), note.c_str(),
@@ -377,7 +505,7 @@ TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Memory,
                          ::testing::Values("plain", "remap", "realloc", "heap", "file", "twice", "fork",
-                                           "fork-neighbor"),
+                                           "fork-neighbor", "threads"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param;
                            for (char& ch : n)

@@ -14,12 +14,18 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "layout.h"
 
 namespace shmrdma {
 namespace {
@@ -162,6 +168,37 @@ TEST_F(Mapped, ForkGivesTheChildAPrivateCopyAndThePeerViewStaysTheParents) {
   EXPECT_TRUE(intact());
 }
 
+// The child's copy is the memory as it was at fork(): a store the parent
+// makes right after fork() returns never shows in it (the snapshot is taken
+// before the fork, not by the child afterwards).
+TEST_F(Mapped, TheChildsCopyIsTakenAtForkNotAfter) {
+  SharedRegion r;
+  ASSERT_TRUE(share_region(addr(0), 2 * kPage, &r));
+  for (int round = 0; round < 20; ++round) {
+    base_[9] = 0x11;
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      char c;
+      bool ok = ::read(go[0], &c, 1) == 1 && base_[9] == 0x11;
+      ::_exit(ok ? 0 : 1);
+    }
+    base_[9] = 0x22;  // at once, while the child may still be in its fork handler
+    ASSERT_EQ(::write(go[1], "x", 1), 1);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ::close(go[0]);
+    ::close(go[1]);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "round " << round << ": the child saw a store "
+                                                                  "its parent made after fork()";
+  }
+  base_[9] = static_cast<uint8_t>(9 * 7 + 3);
+  release_region(r);
+  EXPECT_TRUE(intact());
+}
+
 TEST_F(Mapped, APeerViewChecksTheMemfdIdentity) {
   SharedRegion r;
   ASSERT_TRUE(share_region(addr(0), kPage, &r));
@@ -176,7 +213,7 @@ TEST_F(Mapped, APeerViewChecksTheMemfdIdentity) {
 
 TEST_F(Mapped, RegisteringAndDeregisteringFreshBuffersHoldsNoFdsAndNoMemory) {
   const int fds = open_fds();
-  for (int i = 0; i < 5000; ++i) {
+  for (int i = 0; i < 2000; ++i) {  // each a move on a helper thread (mapped.cc): keep it quick under sanitizers
     void* p = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(p, MAP_FAILED);
     static_cast<uint8_t*>(p)[0] = 1;
@@ -186,6 +223,123 @@ TEST_F(Mapped, RegisteringAndDeregisteringFreshBuffersHoldsNoFdsAndNoMemory) {
     ASSERT_EQ(::munmap(p, kPage), 0);
   }
   EXPECT_EQ(open_fds(), fds);
+}
+
+// Other threads store into the range, and make system calls that write into
+// it, all the time while it moves in and back out: every store survives and no system call
+// fails (they wait on the userfaultfd while the pages move). Each writer
+// stores 1, 2, 3... into its own words in turn (v into word v mod its word
+// count), slowly enough that a lap lasts longer than the move, and stops
+// right after it: a store lost in the move stays visible as an older value.
+// (A copy-then-remap move without the freeze loses about a thousand stores a
+// round here.)
+TEST_F(Mapped, OtherThreadsStoringIntoTheRangeWhileItMovesLoseNothing) {
+  constexpr uint64_t kLen = 1u << 20;
+  constexpr int kRounds = 8;
+  constexpr uint64_t kWriters = 2;
+  constexpr uint64_t kWords = kLen / 8 / (kWriters + 1);  // per writer; the last column is the pipe reader's
+  for (int round = 0; round < kRounds; ++round) {
+    auto* p = static_cast<uint64_t*>(::mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(p, MAP_FAILED);
+    std::memset(p, 0, kLen);
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> last[kWriters + 1] = {};
+    std::atomic<int> sys_errors{0};
+    std::vector<std::thread> ts;
+    for (uint64_t w = 0; w < kWriters; ++w)
+      ts.emplace_back([&, w] {
+        for (uint64_t v = 1; !stop.load(std::memory_order_relaxed); ++v) {
+          reinterpret_cast<volatile uint64_t*>(p)[(v % kWords) * (kWriters + 1) + w] = v;
+          last[w].store(v, std::memory_order_release);
+          for (int k = 0; k < 40; ++k) __builtin_ia32_pause();
+        }
+      });
+    // The kernel writes into the range for this one: read() from a pipe.
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    ts.emplace_back([&] {
+      for (uint64_t v = 1; !stop.load(std::memory_order_relaxed); ++v) {
+        uint64_t* slot = p + (v % kWords) * (kWriters + 1) + kWriters;
+        if (::write(fds[1], &v, 8) != 8 || ::read(fds[0], slot, 8) != 8 || *slot != v) sys_errors.fetch_add(1);
+        last[kWriters].store(v, std::memory_order_release);
+      }
+    });
+    while (last[0].load() < 3 || last[1].load() < 3 || last[kWriters].load() < 3) std::this_thread::yield();
+    SharedRegion r;
+    uint16_t why = 0;
+    const bool shared = share_region(reinterpret_cast<uint64_t>(p) + 64, kLen - 128, &r, &why);
+    const bool was_memfd = is_memfd(reinterpret_cast<uint64_t>(p));
+    // And back to private memory, the writers still running.
+    if (shared) release_region(r);
+    stop = true;
+    for (auto& t : ts) t.join();
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ASSERT_TRUE(shared) << "a multi-threaded process got the CMA tier (why " << why << ")";
+    EXPECT_TRUE(was_memfd);
+    EXPECT_FALSE(is_memfd(reinterpret_cast<uint64_t>(p))) << "the last release moves the range back";
+    EXPECT_EQ(sys_errors.load(), 0) << "a read() into the moving range failed";
+    uint64_t lost = 0, first = 0, want_first = 0;
+    for (uint64_t w = 0; w < kWriters; ++w) {
+      const uint64_t l = last[w].load();
+      ASSERT_LT(l, 50 * kWords) << "the writers ran too fast for the check";
+      for (uint64_t j = 0; j < kWords; ++j) {
+        const uint64_t want = l >= j ? l - (l - j) % kWords : 0;  // the last v <= l with v mod kWords == j
+        const uint64_t i = j * (kWriters + 1) + w;
+        if (p[i] != want && lost++ == 0) first = i, want_first = want;
+      }
+    }
+    EXPECT_EQ(lost, 0u) << "round " << round << ": " << lost << " stores lost; word " << first << " holds " << p[first]
+                        << ", its writer stored " << want_first << " there";
+    ::munmap(p, kLen);
+    if (lost || sys_errors.load()) break;
+  }
+}
+
+// Without a userfaultfd (SHMRDMA_MAPPED=single stands for a kernel that
+// refuses one) a multi-threaded process keeps the CMA tier and says why.
+TEST_F(Mapped, WithoutUserfaultfdAMultiThreadedProcessGetsTheCmaTierAndSaysWhy) {
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) std::this_thread::yield();
+  });
+  ::setenv("SHMRDMA_MAPPED", "single", 1);
+  SharedRegion r;
+  uint16_t why = 0;
+  bool shared = share_region(addr(0), kPage, &r, &why);
+  ::unsetenv("SHMRDMA_MAPPED");
+  stop = true;
+  t.join();
+  EXPECT_FALSE(shared);
+  EXPECT_EQ(why, layout::kTierWhyThreads);
+  EXPECT_FALSE(is_memfd(addr(0)));
+  EXPECT_TRUE(intact());
+  // Single-threaded again: the plain move still works.
+  ::setenv("SHMRDMA_MAPPED", "single", 1);
+  shared = share_region(addr(0), kPage, &r, &why);
+  ::unsetenv("SHMRDMA_MAPPED");
+  if (shared) {  // the test runner may keep threads of its own
+    EXPECT_TRUE(is_memfd(addr(0)));
+    release_region(r);
+  }
+  EXPECT_TRUE(intact());
+}
+
+// Memory on the calling thread's own stack is never moved (the thread would
+// wait for itself): the CMA tier, at once.
+TEST_F(Mapped, TheCallingThreadsStackIsNeverMoved) {
+  bool shared = true;
+  uint16_t why = 0;
+  std::thread t([&] {
+    alignas(64) volatile uint8_t buf[256];
+    for (auto& b : buf) b = 1;
+    SharedRegion r;
+    shared = share_region(reinterpret_cast<uint64_t>(&buf[0]), sizeof buf, &r, &why);
+    if (shared) release_region(r);
+  });
+  t.join();
+  EXPECT_FALSE(shared);
+  EXPECT_EQ(why, layout::kTierWhyMemory);
 }
 
 }  // namespace

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Instruction counts per 8-byte message (callgrind), shmrdma beside UCX.
+
+    python3 bench/callgrind.py [--build build] [--out bench/results/callgrind.md] [--quick]
+
+For each case both processes run under `valgrind --tool=callgrind`, twice,
+with N1 and N2 messages, and the initiator's (client's) counts are used; the counts per message are the differences divided by N2 - N1, so
+start-up and connection costs cancel out:
+
+- whole process: every instruction of the initiator, its tool's loop included;
+- inside the provider's post_send and poll_cq (what ibv_post_send and
+  ibv_poll_cq cost, inclusive), for the shmrdma cases. poll_cq per message
+  mixes the empty polls and the one that returns the completion, as the tool
+  makes them.
+
+Cases: perftest ib_write_bw / ib_send_bw -s 8 over shmrdma (mapped tier and
+SHMRDMA_MAPPED=0), ucx_perftest put_bw / am_bw 8 B over UCT posix (the
+shared-memory transport shmrdma is held against), and ucx_perftest put_bw /
+am_bw over rc_verbs on shmrdma (what UCX gets). Instruction counts do not
+depend on the machine's load (only the timings would); the report says when
+the polling side's count is inflated by waiting (empty polls).
+
+Needs valgrind (Debian: valgrind) and the packages of bench/run.py.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+DEVICE = "shm0"
+
+
+def log(msg: str) -> None:
+    print(f"[callgrind {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# (name, tool, argv without port/host, env, on shmrdma, shmrdma function regexes)
+def cases() -> list[dict]:
+    # ibv_post_send / ibv_poll_cq, and the extended APIs (ibv_wr_*, ibv_start_poll...) where a tool uses them
+    pt = {"post_send": r"::(post_send\(ibv_qp\*|wr_start\(|wr_complete\(|wr_rdma_write\w*\(|wr_send\w*\(|wr_set_\w+\()",
+          "poll_cq": r"::(poll_cq\(ibv_cq\*|start_poll\(|next_poll\(|end_poll\()"}
+    verbs_env = {"UCX_NET_DEVICES": f"{DEVICE}:1", "UCX_TLS": "rc_verbs"}
+    return [
+        dict(name="shmrdma ib_write_bw 8 B (mapped tier)", kind="perftest", argv=["ib_write_bw", "-s", "8"], env={},
+             shm=True, funcs=pt),
+        dict(name="shmrdma ib_write_bw 8 B (CMA tier, SHMRDMA_MAPPED=0)", kind="perftest",
+             argv=["ib_write_bw", "-s", "8"], env={"SHMRDMA_MAPPED": "0"}, shm=True, funcs=pt),
+        dict(name="shmrdma ib_send_bw 8 B", kind="perftest", argv=["ib_send_bw", "-s", "8"], env={}, shm=True,
+             funcs=pt),
+        dict(name="UCX put_bw 8 B (uct posix)", kind="ucx",
+             argv=["ucx_perftest", "-t", "put_bw", "-s", "8", "-x", "posix", "-d", "memory"], env={}, shm=False,
+             funcs={}),
+        dict(name="UCX am_bw 8 B (uct posix)", kind="ucx",
+             argv=["ucx_perftest", "-t", "am_bw", "-s", "8", "-x", "posix", "-d", "memory"], env={}, shm=False,
+             funcs={}),
+        dict(name="UCX put_bw 8 B (rc_verbs over shmrdma)", kind="ucx",
+             argv=["ucx_perftest", "-t", "put_bw", "-s", "8", "-x", "rc_verbs", "-d", f"{DEVICE}:1"], env=verbs_env,
+             shm=True, funcs=pt),
+        dict(name="UCX am_bw 8 B (rc_verbs over shmrdma)", kind="ucx",
+             argv=["ucx_perftest", "-t", "am_bw", "-s", "8", "-x", "rc_verbs", "-d", f"{DEVICE}:1"], env=verbs_env,
+             shm=True, funcs=pt),
+    ]
+
+
+def iters_args(kind: str, n: int) -> list[str]:
+    # ucx_perftest: no warm-up, so that N is every message the client sends
+    return ["-n", str(n)] if kind == "perftest" else ["-n", str(n), "-w", "0"]
+
+
+def annotate(path: str) -> tuple[int, dict[str, int]]:
+    """Total Ir and the inclusive Ir of every function, from callgrind_annotate."""
+    r = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True, timeout=120)
+    total = 0
+    funcs: dict[str, int] = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m:
+            continue
+        v = int(m.group(1).replace(",", ""))
+        what = m.group(2)
+        if what.startswith("PROGRAM TOTALS"):
+            total = v
+        else:
+            funcs[what] = max(v, funcs.get(what, 0))
+    return total, funcs
+
+
+def func_ir(funcs: dict[str, int], rx: str) -> int | None:
+    """The provider's functions (in libshmrdma-rdmav*.so) matching rx, summed
+    (inclusive counts; none of them calls another)."""
+    total = None
+    for name, v in funcs.items():
+        if "libshmrdma-rdmav" in name and re.search(rx, name) and ":" in name.split("(")[0]:
+            total = v if total is None else total + v
+    return total
+
+
+def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> tuple[dict | None, str]:
+    env = dict(os.environ)
+    env["SHMRDMA_HOME"] = home
+    env.update(c["env"])
+    pre = [shmrdma, "run"] if c["shm"] else []
+    out = os.path.join(tmp, f"cg.{port}.out")
+    # Both sides under callgrind, so that neither waits for a side that runs
+    # tens of times faster (its polling would count as the message's cost).
+    server = pre + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.server"] + c["argv"] + \
+        iters_args(c["kind"], n) + ["-p", str(port)]
+    client = pre + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + c["argv"] + \
+        iters_args(c["kind"], n) + ["-p", str(port), "localhost"]
+    s = subprocess.Popen(["timeout", "300"] + server, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    time.sleep(3.0)  # valgrind starts slowly
+    try:
+        r = subprocess.run(["timeout", "300"] + client, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    finally:
+        try:
+            s.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            s.kill()
+            s.wait()
+    if r.returncode != 0 or not os.path.exists(out):
+        tail = " / ".join(ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("=="))[-300:]
+        return None, f"client rc={r.returncode}: {tail}"
+    total, funcs = annotate(out)
+    res = {"total": total}
+    for k, rx in c["funcs"].items():
+        res[k] = func_ir(funcs, rx)
+    for p in (out, out + ".server"):
+        if os.path.exists(p):
+            os.unlink(p)
+    return res, ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--out", default=os.path.join(BENCH, "results", "callgrind.md"))
+    ap.add_argument("--quick", action="store_true", help="N1=2000, N2=6000 instead of 10000, 30000")
+    ap.add_argument("--only", default="", help="regex on the case names")
+    args = ap.parse_args()
+    for tool in ("valgrind", "callgrind_annotate", "ib_write_bw", "ucx_perftest"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} not found (Debian: valgrind, perftest, ucx-utils)")
+    shmrdma = os.path.join(args.build, "tools", "shmrdma")
+    n1, n2 = (2000, 6000) if args.quick else (10000, 30000)
+    load0 = os.getloadavg()[0]
+    home = tempfile.mkdtemp(prefix="shmrdma-cg-")
+    tmp = tempfile.mkdtemp(prefix="shmrdma-cg-out-")
+    env = dict(os.environ, SHMRDMA_HOME=home)
+    r = subprocess.run([shmrdma, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"shmrdma up failed: {r.stdout}")
+    rows = []
+    port = 25000 + os.getpid() % 1000 * 10
+    try:
+        for c in cases():
+            if args.only and not re.search(args.only, c["name"]):
+                continue
+            got = []
+            why = ""
+            for n in (n1, n2):
+                port += 1
+                log(f"{c['name']}: {n} messages")
+                res, why = run_case(c, n, shmrdma, home, port, tmp)
+                if res is None:
+                    break
+                got.append(res)
+            row = {"name": c["name"], "why": why}
+            if len(got) == 2:
+                d = n2 - n1
+                row["total"] = (got[1]["total"] - got[0]["total"]) / d
+                for k in c["funcs"]:
+                    a, b = got[0].get(k), got[1].get(k)
+                    row[k] = (b - a) / d if a is not None and b is not None else None
+            rows.append(row)
+            log(f"{c['name']}: {row}")
+    finally:
+        subprocess.run([shmrdma, "down", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def f(v):
+        return "—" if v is None else f"{v:,.0f}"
+
+    git = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    L = ["# Instructions per 8-byte message (callgrind)", "",
+         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}; shmrdma {git}; "
+         f"N1={n1}, N2={n2} messages (per message = difference / (N2 - N1))",
+         "- command: `python3 bench/callgrind.py" + (" --quick" if args.quick else "") + "`",
+         f"- load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+         + (" (**a loaded machine: the waiting loops' share, and so the SEND-side and am_bw counts, are less "
+            "reliable**)" if max(load0, os.getloadavg()[0]) > (os.cpu_count() or 2) else ""),
+         "- both processes under callgrind (so neither spins for a side that runs tens of times faster), counted in "
+         "the initiating one (the client); instruction counts do not depend on the machine's load, but the share "
+         "of empty polls does (waiting for credits or completions), so SEND-side counts can carry some waiting", "",
+         "| case | whole initiating process | provider post_send | provider poll_cq | note |",
+         "|---|---:|---:|---:|---|"]
+    for r in rows:
+        L.append(f"| {r['name']} | {f(r.get('total'))} | {f(r.get('post_send'))} | {f(r.get('poll_cq'))} | "
+                 f"{r['why'] or ''} |")
+    L.append("")
+    by = {r["name"]: r.get("total") for r in rows}
+    pairs = [("shmrdma ib_write_bw 8 B (mapped tier)", "UCX put_bw 8 B (uct posix)", "WRITE"),
+             ("shmrdma ib_send_bw 8 B", "UCX am_bw 8 B (uct posix)", "SEND")]
+    for a, b, what in pairs:
+        if by.get(a) and by.get(b):
+            L.append(f"- {what}: shmrdma {by[a]:,.0f} against UCX posix {by[b]:,.0f} instructions per message in "
+                     f"the whole initiating process: {by[a] / by[b]:.2f}x (target <= 2x)")
+    L.append("")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        fh.write("\n".join(L))
+    print("\n".join(L))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
