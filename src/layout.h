@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 8;
+inline constexpr uint32_t kLayoutVersion = 9;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -315,6 +315,21 @@ struct MrEntry {
   std::atomic<uint64_t> mw_key;
 };
 static_assert(sizeof(MrEntry) == 96);
+
+// The owner's write of an MR-table entry, MRs and windows alike: a seqlock on
+// `generation` (odd while the fields change). Peers (transport.cc
+// resolve_remote) read generation, the fields, then generation again, and use
+// the copy only when both reads are the same even value; so a re-registration
+// (access, PD, translation) is seen whole by the very next access.
+template <typename F>
+inline void mr_entry_update(MrEntry* e, F&& fill) {
+  std::atomic_ref<uint32_t> gen(e->generation);
+  const uint32_t g = gen.load(std::memory_order_relaxed);
+  gen.store(g | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  fill();
+  gen.store((g | 1) + 1, std::memory_order_release);
+}
 static_assert(offsetof(MrEntry, mw_key) % 8 == 0);
 
 enum MrTier : uint32_t { kTierCma = 0, kTierMapped = 1 };

@@ -54,25 +54,22 @@ int check_mapped(uint64_t addr, uint64_t length) {
   return 0;
 }
 
-// Chooses the data-mover tier of an MR (mapped.h) and records it for peers;
-// *region is what the MR holds (release_region when it goes).
-void publish_tier(layout::MrEntry* e, uint64_t addr, uint64_t length, SharedRegion* region) {
-  SharedRegion r;
-  if (share_region(addr, length, &r)) {
+// Records the data-mover tier of an MR (mapped.h) for peers: the shared
+// region it holds (share_region), or nullptr for the CMA tier.
+void publish_tier(layout::MrEntry* e, const SharedRegion* r) {
+  if (r) {
     e->tier = layout::kTierMapped;
-    e->memfd = r.memfd;
-    e->map_start = r.start;
-    e->map_len = r.len;
-    e->map_id = r.id;
+    e->memfd = r->memfd;
+    e->map_start = r->start;
+    e->map_len = r->len;
+    e->map_id = r->id;
   } else {
-    r = SharedRegion{};
     e->tier = layout::kTierCma;
     e->memfd = -1;
     e->map_start = 0;
     e->map_len = 0;
     e->map_id = 0;
   }
-  *region = r;
 }
 
 }  // namespace
@@ -106,18 +103,22 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   s.lkey = (i << 16) | random_tag();
   s.rkey = (i << 16) | random_tag();
   auto* e = table<layout::MrEntry>(layout_.mr_table) + i;
-  e->generation += 1;
-  e->kind = layout::kKindMr;
-  e->mw_qpn = 0;
-  e->mw_key.store(0, std::memory_order_relaxed);
-  e->lkey = s.lkey;
-  e->rkey = s.rkey;
-  e->pd_index = pd;
-  e->access = access;
-  e->iova = iova;
-  e->length = length;
-  e->host_addr = addr;
-  publish_tier(e, addr, length, &s.region);
+  SharedRegion region;
+  const bool shared = share_region(addr, length, &region);
+  layout::mr_entry_update(e, [&] {
+    e->kind = layout::kKindMr;
+    e->mw_qpn = 0;
+    e->mw_key.store(0, std::memory_order_relaxed);
+    e->lkey = s.lkey;
+    e->rkey = s.rkey;
+    e->pd_index = pd;
+    e->access = access;
+    e->iova = iova;
+    e->length = length;
+    e->host_addr = addr;
+    publish_tier(e, shared ? &region : nullptr);
+  });
+  s.region = shared ? region : SharedRegion{};
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   pds_[pd].refs += 1;
   *out = MrInfo{i, s.lkey, s.rkey};
@@ -147,26 +148,25 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
     next.length = length;
     next.iova = iova;
   }
-  // New keys: a peer holding the old rkey must no longer reach this memory.
-  next.lkey = (index << 16) | random_tag();
-  next.rkey = (index << 16) | random_tag();
+  // The keys stay (as an HCA's re-registration keeps its memory key): a peer
+  // holding the rkey sees the new access, PD and translation with its very
+  // next operation (the seqlock of mr_entry_update: never half of them).
   auto* e = table<layout::MrEntry>(layout_.mr_table) + index;
-  // Unpublish while the entry changes, so a peer never sees a half-written one.
-  e->state.store(layout::kFree, std::memory_order_release);
-  e->generation += 1;
-  e->lkey = next.lkey;
-  e->rkey = next.rkey;
-  e->pd_index = next.pd;
-  e->access = next.access;
-  e->iova = next.iova;
-  e->length = next.length;
-  e->host_addr = next.addr;
+  // The new range first, then the old one goes: a region both share stays.
+  SharedRegion region;
+  const bool shared = (flags & kRereg_ChangeTranslation) && share_region(next.addr, next.length, &region);
+  layout::mr_entry_update(e, [&] {
+    e->pd_index = next.pd;
+    e->access = next.access;
+    e->iova = next.iova;
+    e->length = next.length;
+    e->host_addr = next.addr;
+    if (flags & kRereg_ChangeTranslation) publish_tier(e, shared ? &region : nullptr);
+  });
   if (flags & kRereg_ChangeTranslation) {
-    // The new range first, then the old one goes: a region both share stays.
-    publish_tier(e, next.addr, next.length, &next.region);
     if (mrs_[index].region.memfd >= 0) release_region(mrs_[index].region);
+    next.region = shared ? region : SharedRegion{};
   }
-  e->state.store(layout::kLive, std::memory_order_release);  // R1
   if (next.pd != mrs_[index].pd) {
     pds_[mrs_[index].pd].refs -= 1;
     pds_[next.pd].refs += 1;

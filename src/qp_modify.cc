@@ -268,7 +268,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     uint32_t discarded_srqn = 0;
     (void)reclaim_take(qp, &discarded_wr_id, &discarded_srqn);
     take_discard(e);
-    qp->peer.reset();
+    qp->reset_connection_state();
     qp->rq_flushed = false;
     qp->attr = QpAttr{};
   }

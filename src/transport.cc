@@ -10,6 +10,7 @@
 // the peer's own memory (CMA targets the peer's pid) or make the operation
 // fail; our own buffers are resolved from our private MR table only.
 #include <endian.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -91,30 +92,47 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
                                   uint64_t addr, uint64_t len, Remote* out, uint32_t target_qpn) noexcept {
   layout::MrEntry* e = peer.mr(layout::key_index(key));
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
-  // A memory window (mw.cc): an rkey only, valid and bound; the snapshot is
-  // taken inside the owner's seqlock (layout.h MrEntry).
-  const uint32_t kind = e->kind;
+  // One snapshot of the untrusted entry inside the owner's seqlock (layout.h
+  // mr_entry_update), for MRs (re-registration) and windows (binds) alike;
+  // everything below uses the copy. The owner's write is a few stores: a
+  // bounded retry outlasts it unless the owner is preempted in the middle.
   std::atomic_ref<uint32_t> gen(e->generation);
-  uint32_t g = 0;
-  uint64_t mk = 0;
-  if (kind != layout::kKindMr) {
-    if (!rkey) return false;
-    g = gen.load(std::memory_order_acquire);
-    mk = e->mw_key.load(std::memory_order_acquire);
-    if ((g & 1) || mk != (layout::kMwValid | key)) return false;
-  }
-  // One snapshot of the untrusted entry; everything below uses the copy.
-  uint32_t k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
-  uint32_t epd = e->pd_index, eaccess = e->access, mw_qpn = e->mw_qpn;
-  uint64_t iova = e->iova, length = e->length, host = e->host_addr;
-  uint32_t tier = e->tier;
-  int memfd = e->memfd;
-  uint64_t map_start = e->map_start, map_len = e->map_len, map_id = e->map_id;
-  if (kind != layout::kKindMr) {
+  uint32_t kind = 0, k = 0, epd = 0, eaccess = 0, mw_qpn = 0, tier = 0;
+  uint64_t iova = 0, length = 0, host = 0, map_start = 0, map_len = 0, map_id = 0;
+  int memfd = -1;
+  bool stable = false;
+  for (int attempt = 0; attempt < 256 && !stable; ++attempt) {
+    if (attempt) {
+      if (attempt % 16 == 0)
+        sched_yield();
+      else
+        __builtin_ia32_pause();
+    }
+    const uint32_t g = gen.load(std::memory_order_acquire);
+    if (g & 1) continue;
+    kind = e->kind;
+    if (kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
+    const uint64_t mk = e->mw_key.load(std::memory_order_acquire);
+    // A window answers only while bound and valid with exactly this key.
+    if (kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
+    k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
+    epd = e->pd_index;
+    eaccess = e->access;
+    mw_qpn = e->mw_qpn;
+    iova = e->iova;
+    length = e->length;
+    host = e->host_addr;
+    tier = e->tier;
+    memfd = e->memfd;
+    map_start = e->map_start;
+    map_len = e->map_len;
+    map_id = e->map_id;
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (gen.load(std::memory_order_relaxed) != g || e->mw_key.load(std::memory_order_relaxed) != mk) return false;
-    if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
+    stable = gen.load(std::memory_order_relaxed) == g &&
+             (kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
   }
+  if (!stable) return false;
+  if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
   if (k != key || epd != pd || (eaccess & need) != need) return false;
   if (addr < iova || len > length || addr - iova > length - len) return false;
   out->host = host + (addr - iova);
@@ -263,7 +281,11 @@ layout::Cqe recv_status_cqe(uint64_t wr_id, uint32_t status, uint32_t qpn) {
 }  // namespace
 
 void LocalContext::flush_send_queue(Qp* qp) noexcept {
-  // Caller holds qp->sq_lock.
+  // Caller holds qp->sq_lock. A WQE that was waiting (transport retry, RNR)
+  // is flushed: its wait ends with it.
+  qp->wait_started_ns = 0;
+  qp->rnr_attempts = qp->timeout_attempts = 0;
+  qp->rnr_backoff = false;
   while (qp->sq_exec != qp->sq_tail) {
     complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_WR_FLUSH_ERR);
     qp->sq_exec += 1;
