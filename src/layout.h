@@ -246,7 +246,8 @@ static_assert(sizeof(CqEntry) == 64);
 static_assert(offsetof(CqEntry, notify) == 32);
 
 enum CqNotify : uint32_t { kNotifyNone = 0, kNotifySolicited = 1, kNotifyNext = 2 };
-enum CqFlags : uint32_t { kCqIgnoreOverrun = 1u << 0 };
+// kCqTimestamp: producers stamp Cqe::timestamp (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP*).
+enum CqFlags : uint32_t { kCqIgnoreOverrun = 1u << 0, kCqTimestamp = 1u << 1 };
 
 struct WqEntry {
   std::atomic<uint32_t> state;
@@ -547,8 +548,11 @@ struct Cqe {
   uint8_t dlid_path_bits;
   uint8_t flags;        // CqeFlags
   uint8_t take_tag;     // receive completions of initiators: low bits of the take counter (transport.cc)
+  // CLOCK_MONOTONIC ns when the producer pushed it, in CQs created with
+  // kCqTimestamp (the device clock: hca_core_clock 1 GHz); 0 otherwise.
+  uint64_t timestamp;
 };
-static_assert(sizeof(Cqe) == 48);
+static_assert(sizeof(Cqe) == 56, "with the 8-byte slot header a CQE still fills one cache line");
 // kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);
 // it wakes a CQ armed with solicited_only.
 enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0 };

@@ -30,6 +30,8 @@ struct Cq {
   CqInfo info;
   std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
   ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
+  uint64_t cur_ts = 0;   // its completion timestamp (device clock: CLOCK_MONOTONIC ns)
+  uint64_t last_ts = 0;  // the latest handed out: a CQ's stamps never go back (under poll_lock)
   uint32_t events_reported = 0;  // completion events handed out (under vcq.cq.mutex); destroy waits for their acks
   // Empty polls that skipped the lock (cq.cc nothing_ready): a racy count is
   // fine, it only spaces out the locked polls that watch for a dead producer.
@@ -122,6 +124,7 @@ inline IndTable* to_ind(ibv_rwq_ind_table* t) noexcept { return reinterpret_cast
 // device.cc
 int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t) noexcept;
 int query_port(ibv_context*, uint8_t, ibv_port_attr*) noexcept;
+int query_rt_values(ibv_context*, ibv_values_ex*) noexcept;
 // pd.cc
 ibv_pd* alloc_pd(ibv_context*) noexcept;
 int dealloc_pd(ibv_pd*) noexcept;

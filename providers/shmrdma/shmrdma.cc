@@ -119,6 +119,7 @@ const verbs_context_ops kOps = [] {
   o.modify_wq = modify_wq;
   o.poll_cq = poll_cq;
   o.query_device_ex = query_device_ex;
+  o.query_rt_values = query_rt_values;
   o.query_port = query_port;
   o.create_srq = create_srq;  // srq.cc
   o.create_srq_ex = create_srq_ex;

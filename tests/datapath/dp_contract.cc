@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <cinttypes>
+#include <ctime>
 #include <cstdarg>
 #include <cstdio>
 #include <sstream>
@@ -198,6 +199,12 @@ int run_peer() {
       int st = poll_status(cq, &wc);
       if (st == IBV_WC_SUCCESS && wc.wr_id != 9) st = 2000;
       std::snprintf(reply, sizeof reply, "%d 0", st);
+      if (!ctl.send_line(reply)) die("reply");
+      continue;
+    }
+    if (cmd == "newqp") {  // the owner's side is now QP number N
+      in >> owner.qpn;
+      std::snprintf(reply, sizeof reply, "%s", reconnect(qp, owner) ? "ok" : "failed");
       if (!ctl.send_line(reply)) die("reply");
       continue;
     }
@@ -556,6 +563,143 @@ void reuse(Owner& o) {
   std::printf("reuse: done\n");
 }
 
+uint64_t raw_clock(ibv_context* ctx) {
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  if (ibv_query_rt_values_ex(ctx, &v) != 0 || !(v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK)) die("ibv_query_rt_values_ex");
+  return static_cast<uint64_t>(v.raw_clock.tv_sec) * 1000000000ull + static_cast<uint64_t>(v.raw_clock.tv_nsec);
+}
+
+uint64_t wall_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Completion timestamps: receive completions stamped by the peer (the
+// producer), send completions by the owner, both in the device clock of
+// ibv_query_rt_values_ex and in wall-clock ns.
+void timestamps(Owner& o) {
+  ibv_device_attr_ex dx{};
+  CHECK(ibv_query_device_ex(o.ctx, nullptr, &dx) == 0, "query_device_ex");
+  CHECK(dx.hca_core_clock == 1000000, "hca_core_clock %" PRIu64 " kHz", dx.hca_core_clock);
+  CHECK(dx.completion_timestamp_mask == ~uint64_t{0}, "completion_timestamp_mask 0x%" PRIx64,
+        dx.completion_timestamp_mask);
+  {
+    ibv_values_ex v{};
+    v.comp_mask = 0;
+    CHECK(ibv_query_rt_values_ex(o.ctx, &v) == 0 && v.comp_mask == 0, "query_rt_values_ex without a mask");
+    const uint64_t a = raw_clock(o.ctx), b = raw_clock(o.ctx);
+    CHECK(a > 0 && b >= a, "raw clock %" PRIu64 " then %" PRIu64, a, b);
+  }
+  // Unsupported completion fields are refused; a CQ without timestamps has no readers for them.
+  {
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = 16;
+    ca.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_CVLAN;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(o.ctx, &ca) == nullptr && errno == EOPNOTSUPP, "CVLAN: errno %d", errno);
+    ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+    ibv_cq_ex* plain = ibv_create_cq_ex(o.ctx, &ca);
+    CHECK(plain && !plain->read_completion_ts && !plain->read_completion_wallclock_ns,
+          "a CQ without timestamp flags has no timestamp readers");
+    if (plain) CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(plain)) == 0, "destroy");
+  }
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 64;
+  ca.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  ibv_cq_ex* cq = ibv_create_cq_ex(o.ctx, &ca);
+  if (!cq) die("create_cq_ex with timestamps: %s", std::strerror(errno));
+  CHECK(cq->read_completion_ts && cq->read_completion_wallclock_ns, "timestamp readers");
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ibv_cq_ex_to_cq(cq);
+  ia.recv_cq = ibv_cq_ex_to_cq(cq);
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(o.pd, &ia);
+  if (!qp) die("create_qp");
+  // The peer's QP is connected to o.qp: this one replaces it on our side.
+  ibv_qp* old = o.qp;
+  ibv_cq* old_cq = o.cq;
+  CHECK(to_err(old), "old QP to ERR");
+  o.qp = qp;
+  o.cq = ibv_cq_ex_to_cq(cq);
+  if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
+  {
+    std::string r;
+    if (o.ctl.poll_line(&r, 30000) != 1 || r != "ok") die("peer newqp: %s", r.c_str());
+  }
+  if (!connect_qp(qp, o.peer)) die("connect ts qp");
+  uint8_t* buf = map_buf(kLen);
+  ibv_mr* mr = ibv_reg_mr(o.pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) die("reg_mr");
+  uint64_t last = 0;
+  int monotonic_breaks = 0;
+  for (int i = 0; i < 20; ++i) {
+    const bool recv = i % 2 == 0;
+    const uint64_t t0 = raw_clock(o.ctx), w0 = wall_ns();
+    if (recv) {
+      CHECK(post_recv(qp, buf, 4096, mr->lkey, 500 + i) == 0, "post_recv");
+      CHECK(o.cmd("send 256 " + std::to_string(i)) == IBV_WC_SUCCESS, "peer SEND %d", i);
+    } else {
+      if (!o.ctl.send_line("recv 256")) die("recv");
+      std::string r;
+      if (o.ctl.poll_line(&r, 30000) != 1 || r != "posted") die("peer did not post");
+      CHECK(post_send(qp, buf, 256, mr->lkey, 500 + i) == 0, "post_send");
+    }
+    uint64_t ts = 0, wall = 0;
+    int st = -1;
+    uint64_t wr_id = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int rc = ENOENT;
+    while ((rc = ibv_start_poll(cq, nullptr)) == ENOENT && std::chrono::steady_clock::now() < deadline) {
+    }
+    if (rc == 0) {
+      st = cq->status;
+      wr_id = cq->wr_id;
+      ts = ibv_wc_read_completion_ts(cq);
+      wall = ibv_wc_read_completion_wallclock_ns(cq);
+      ibv_end_poll(cq);
+    }
+    const uint64_t t1 = raw_clock(o.ctx), w1 = wall_ns();
+    if (!recv) {
+      std::string r;
+      if (o.ctl.poll_line(&r, 30000) != 1 || std::stoi(r) != IBV_WC_SUCCESS) CHECK(false, "peer's receive %d", i);
+    }
+    CHECK(rc == 0 && st == IBV_WC_SUCCESS && wr_id == uint64_t(500 + i), "completion %d: rc %d status %d", i, rc, st);
+    CHECK(ts >= t0 && ts <= t1, "%s completion %d stamped %" PRIu64 ", not in [%" PRIu64 ", %" PRIu64 "]",
+          recv ? "receive" : "send", i, ts, t0, t1);
+    constexpr uint64_t kSlack = 1000000;  // the two clocks are read one after the other
+    CHECK(wall + kSlack >= w0 && wall <= w1 + kSlack, "wall clock %" PRIu64 " not in [%" PRIu64 ", %" PRIu64 "]", wall,
+          w0, w1);
+    if (ts < last) ++monotonic_breaks;
+    last = ts;
+  }
+  CHECK(monotonic_breaks == 0, "timestamps went back %d time(s)", monotonic_breaks);
+  // Two completions in one poll batch: the order of the ring, stamps not decreasing.
+  CHECK(post_recv(qp, buf, 4096, mr->lkey, 600) == 0 && post_recv(qp, buf + 4096, 4096, mr->lkey, 601) == 0, "post_recv");
+  CHECK(o.cmd("send 64 1") == IBV_WC_SUCCESS && o.cmd("send 64 2") == IBV_WC_SUCCESS, "two SENDs");
+  {
+    uint64_t a = 0, b = 0;
+    int rc = ibv_start_poll(cq, nullptr);
+    if (rc == 0) {
+      a = ibv_wc_read_completion_ts(cq);
+      rc = ibv_next_poll(cq);
+      if (rc == 0) b = ibv_wc_read_completion_ts(cq);
+      ibv_end_poll(cq);
+    }
+    CHECK(rc == 0 && a > 0 && b >= a, "batch stamps %" PRIu64 " %" PRIu64 " (rc %d)", a, b, rc);
+  }
+  CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
+  ::munmap(buf, kLen);
+  CHECK(ibv_destroy_qp(old) == 0 && ibv_destroy_cq(old_cq) == 0, "destroy the old QP");
+  std::printf("timestamps: done\n");
+}
+
 int run_owner() {
   Owner o;
   std::string why;
@@ -582,6 +726,7 @@ int run_owner() {
   if (sel.empty() || sel == "windows") windows(o);
   if (sel.empty() || sel == "rereg") rereg(o);
   if (sel.empty() || sel == "reuse") reuse(o);
+  if (sel.empty() || sel == "timestamps") timestamps(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_dealloc_pd(o.pd2) == 0, "dealloc_pd");
@@ -633,6 +778,11 @@ TEST(Contract, ReregSeenByThePeersNextOperation) {
 TEST(Contract, QpPairReusedAfterErr) {
   DP_REQUIRE_DEVICE();
   run_pair("reuse");
+}
+
+TEST(Contract, CompletionTimestamps) {
+  DP_REQUIRE_DEVICE();
+  run_pair("timestamps");
 }
 
 }  // namespace
