@@ -75,6 +75,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   // all 64 bits (cq.cc; ibv_query_rt_values_ex reads it).
   a.hca_core_clock = kDeviceClockKhz;
   a.completion_timestamp_mask = ~uint64_t{0};
+  a.max_dm_size = limits::kMaxDmSize;  // per context (dm.cc)
   // Callers built against older headers pass a smaller struct: never write
   // past what they gave us.
   std::memcpy(attr, &a, std::min(attr_size, sizeof a));

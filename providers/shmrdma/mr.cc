@@ -43,6 +43,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
 int dereg_mr(verbs_mr* vmr) noexcept {
   Mr* mr = to_mr(vmr);
   if (int rc = to_ctx(vmr->ibv_mr.context)->core->destroy_mr(mr->info.index)) return rc;
+  if (mr->dm) mr->dm->mrs.fetch_sub(1, std::memory_order_acq_rel);
   delete mr;
   return 0;
 }
@@ -51,6 +52,10 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   Mr* mr = to_mr(vmr);
   uint32_t pd_index = (flags & IBV_REREG_MR_CHANGE_PD) && pd ? to_pd(pd)->index : 0;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != vmr->ibv_mr.context)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (mr->dm && (flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {  // a DM MR stays on its device memory
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }

@@ -17,6 +17,9 @@ namespace shmrdma::provider {
 struct Context {
   verbs_context vctx;  // must be first: libibverbs allocates this struct for us
   LocalContext* core;
+  // Device memory this context holds (dm.cc), at most limits::kMaxDmSize.
+  // libibverbs zero-allocates the struct: no constructor runs.
+  std::atomic<uint64_t> dm_bytes;
 };
 static_assert(offsetof(Context, vctx) == 0);
 
@@ -48,10 +51,30 @@ struct Wq {
   WqInfo info;
 };
 
+struct Dm;
 struct Mr {
   verbs_mr vmr;
   MrInfo info;
+  Dm* dm = nullptr;  // ibv_reg_dm_mr: the device memory it covers
 };
+
+// Device memory (dm.cc): a page-aligned private mapping of this process that
+// the application reaches only through ibv_memcpy_to/from_dm and MRs
+// registered with ibv_reg_dm_mr (zero-based).
+struct Dm {
+  ibv_dm ibv;
+  uint8_t* base = nullptr;  // aligned as log_align_req asked
+  uint64_t length = 0;      // what was asked for
+  void* map = nullptr;      // the whole mapping
+  size_t map_len = 0;
+  uint64_t charged = 0;     // bytes counted in Context::dm_bytes
+  std::atomic<uint32_t> mrs{0};  // MRs on it: ibv_free_dm is EBUSY while any exists
+};
+inline Dm* to_dm(ibv_dm* d) noexcept { return reinterpret_cast<Dm*>(d); }
+// dm.cc
+ibv_dm* alloc_dm(ibv_context*, ibv_alloc_dm_attr*) noexcept;
+int free_dm(ibv_dm*) noexcept;
+ibv_mr* reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int) noexcept;
 
 // A memory window (mr.cc): index of its entry in the core's MR table.
 struct Mw {

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dp_harness.h"
 #include "dp_verbs.h"
@@ -700,6 +701,98 @@ void timestamps(Owner& o) {
   std::printf("timestamps: done\n");
 }
 
+// Device memory: capacity, memcpy in and out, and a zero-based DM MR as the
+// target of the peer's READ/WRITE and the source/target of our SEND/receive.
+void device_memory(Owner& o) {
+  ibv_device_attr_ex dx{};
+  CHECK(ibv_query_device_ex(o.ctx, nullptr, &dx) == 0 && dx.max_dm_size == (256u << 10), "max_dm_size %" PRIu64,
+        dx.max_dm_size);
+  auto alloc = [&](size_t len, uint32_t log_align = 0, uint32_t comp_mask = 0) {
+    ibv_alloc_dm_attr a{};
+    a.length = len;
+    a.log_align_req = log_align;
+    a.comp_mask = comp_mask;
+    errno = 0;
+    return ibv_alloc_dm(o.ctx, &a);
+  };
+  CHECK(alloc(0) == nullptr && errno == EINVAL, "length 0: errno %d", errno);
+  CHECK(alloc(4096, 0, 1) == nullptr && errno == EINVAL, "unknown comp_mask: errno %d", errno);
+  CHECK(alloc(dx.max_dm_size + 1) == nullptr && errno == ENOMEM, "over max_dm_size: errno %d", errno);
+  constexpr size_t kDm = 64 << 10;
+  ibv_dm* dm = alloc(kDm, 16);
+  if (!dm) die("alloc_dm: %s", std::strerror(errno));
+  ibv_dm* rest = alloc(dx.max_dm_size - kDm);
+  CHECK(rest != nullptr, "the rest of the capacity: %s", std::strerror(errno));
+  CHECK(alloc(4096) == nullptr && errno == ENOMEM, "past the capacity: errno %d", errno);
+  if (rest) CHECK(ibv_free_dm(rest) == 0, "free_dm");
+  ibv_dm* again = alloc(4096);
+  CHECK(again != nullptr, "capacity given back by free_dm");
+  if (again) CHECK(ibv_free_dm(again) == 0, "free_dm");
+
+  std::vector<uint8_t> pat(kDm), back(kDm);
+  for (size_t i = 0; i < kDm; ++i) pat[i] = static_cast<uint8_t>(i * 13 + 7);
+  CHECK(ibv_memcpy_to_dm(dm, 0, pat.data(), kDm) == 0, "memcpy_to_dm");
+  CHECK(ibv_memcpy_from_dm(back.data(), dm, 0, kDm) == 0 && back == pat, "memcpy_from_dm returns what went in");
+  CHECK(ibv_memcpy_to_dm(dm, kDm - 8, pat.data(), 16) == EINVAL, "memcpy_to_dm past the end");
+  CHECK(ibv_memcpy_from_dm(back.data(), dm, kDm + 1, 1) == EINVAL, "memcpy_from_dm past the end");
+
+  const unsigned acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  errno = 0;
+  CHECK(ibv_reg_dm_mr(o.pd, dm, 0, 4096, acc) == nullptr && errno == EINVAL, "reg_dm_mr without ZERO_BASED");
+  errno = 0;
+  CHECK(ibv_reg_dm_mr(o.pd, dm, kDm - 4096, 8192, acc | IBV_ACCESS_ZERO_BASED) == nullptr && errno == EINVAL,
+        "reg_dm_mr past the end");
+  constexpr uint64_t kOff = 4096, kMrLen = 32 << 10;
+  ibv_mr* mr = ibv_reg_dm_mr(o.pd, dm, kOff, kMrLen, acc | IBV_ACCESS_ZERO_BASED);
+  if (!mr) die("reg_dm_mr: %s", std::strerror(errno));
+  CHECK(mr->length == kMrLen, "mr length");
+  CHECK(ibv_free_dm(dm) == EBUSY, "free_dm with an MR on it");
+
+  // The peer's READ and WRITE at zero-based addresses.
+  uint64_t h = 0;
+  CHECK(o.cmd("read " + std::to_string(mr->rkey) + " 100 1000 0", &h) == IBV_WC_SUCCESS &&
+            h == fnv(pat.data() + kOff + 100, 1000),
+        "peer READ of DM");
+  CHECK(o.cmd("write " + std::to_string(mr->rkey) + " 2000 500 119") == IBV_WC_SUCCESS, "peer WRITE into DM");
+  CHECK(ibv_memcpy_from_dm(back.data(), dm, 0, kDm) == 0, "memcpy_from_dm");
+  {
+    std::vector<uint8_t> want = pat;
+    std::memset(want.data() + kOff + 2000, 119, 500);
+    CHECK(back == want, "DM after the peer's WRITE: exactly its 500 bytes changed");
+    pat = want;
+  }
+  CHECK(o.cmd("write " + std::to_string(mr->rkey) + " " + std::to_string(kMrLen - 8) + " 16 1") ==
+            IBV_WC_REM_ACCESS_ERR,
+        "peer WRITE past the DM MR");
+  // Our SEND from DM, our receive into DM.
+  if (!o.ctl.send_line("recv 256")) die("recv");
+  std::string r;
+  if (o.ctl.poll_line(&r, 30000) != 1 || r != "posted") die("peer did not post");
+  CHECK(post_send(o.qp, reinterpret_cast<uint8_t*>(300), 256, mr->lkey, 700) == 0, "post_send from DM");
+  CHECK(poll_status(o.cq) == IBV_WC_SUCCESS, "SEND from DM");
+  if (o.ctl.poll_line(&r, 30000) != 1) die("no recv reply");
+  {
+    int st = -1;
+    uint64_t hh = 0;
+    std::istringstream(r) >> st >> hh;
+    CHECK(st == IBV_WC_SUCCESS && hh == fnv(pat.data() + kOff + 300, 256), "the peer received DM bytes: %d", st);
+  }
+  CHECK(post_recv(o.qp, reinterpret_cast<uint8_t*>(8000), 4096, mr->lkey, 701) == 0, "post_recv into DM");
+  CHECK(o.cmd("send 1000 5") == IBV_WC_SUCCESS, "peer SEND into DM");
+  {
+    ibv_wc wc{};
+    CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 1000, "receive into DM: %s",
+          dp::wc_str(wc).c_str());
+    CHECK(ibv_memcpy_from_dm(back.data(), dm, kOff + 8000, 1000) == 0, "memcpy_from_dm");
+    bool ok = true;
+    for (size_t i = 0; i < 1000; ++i) ok = ok && back[i] == static_cast<uint8_t>(5 + i);
+    CHECK(ok, "the SEND's bytes in DM");
+  }
+  CHECK(ibv_dereg_mr(mr) == 0, "dereg DM MR");
+  CHECK(ibv_free_dm(dm) == 0, "free_dm after dereg");
+  std::printf("dm: done\n");
+}
+
 int run_owner() {
   Owner o;
   std::string why;
@@ -726,6 +819,7 @@ int run_owner() {
   if (sel.empty() || sel == "windows") windows(o);
   if (sel.empty() || sel == "rereg") rereg(o);
   if (sel.empty() || sel == "reuse") reuse(o);
+  if (sel.empty() || sel == "dm") device_memory(o);
   if (sel.empty() || sel == "timestamps") timestamps(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
@@ -778,6 +872,11 @@ TEST(Contract, ReregSeenByThePeersNextOperation) {
 TEST(Contract, QpPairReusedAfterErr) {
   DP_REQUIRE_DEVICE();
   run_pair("reuse");
+}
+
+TEST(Contract, DeviceMemory) {
+  DP_REQUIRE_DEVICE();
+  run_pair("dm");
 }
 
 TEST(Contract, CompletionTimestamps) {
