@@ -206,6 +206,10 @@ struct Qp {
 
   bool mcast_attached = false;  // attached to a multicast group at some point
 
+  // The WQE being executed has an SGE in an on-demand MR (gather_local):
+  // its bytes move with CMA only. Under sq_lock.
+  bool local_odp = false;
+
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;
   void* user = nullptr;  // the application's ibv_qp, for async events

@@ -12,6 +12,7 @@
 #include <endian.h>
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -138,6 +139,8 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   out->host = host + (addr - iova);
   out->local = nullptr;
   out->mapped = false;
+  out->odp = eaccess & kAccessOnDemand;
+  if (out->odp) return true;  // CMA only, even within this process: EFAULT, never a fault
   if (peer.self_process) {
     out->local = reinterpret_cast<uint8_t*>(out->host);
     out->mapped = tier == layout::kTierMapped;
@@ -337,8 +340,10 @@ void LocalContext::enter_error(Qp* qp) noexcept {
 }
 
 // Our side of a WQE: its inline bytes, or its SGEs checked against our MRs.
-bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept {
+bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n, bool* odp) noexcept {
   *n = 0;
+  if (odp) *odp = false;
+  qp->local_odp = false;
   if (s->inline_len) {
     local[(*n)++] = {qp->inline_data(s), s->inline_len};
     return true;
@@ -349,6 +354,13 @@ bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) 
     if (sg[k].length == 0) continue;
     const void* p = resolve_local(sg[k].lkey, qp->pd, sg[k].addr, sg[k].length, into_local ? kAccessLocalWrite : 0);
     if (!p) return false;
+    if (local_is_odp(sg[k].lkey)) {
+      // On-demand memory must be mapped by now (else a local protection
+      // error); the move then goes through CMA (qp->local_odp).
+      if (!local_range_mapped(reinterpret_cast<uintptr_t>(p), sg[k].length)) return false;
+      qp->local_odp = true;
+      if (odp) *odp = true;
+    }
     local[(*n)++] = {const_cast<void*>(p), sg[k].length};
   }
   return true;
@@ -747,7 +759,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       direct_iov[nremote] = {r.local, take};
       host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
       ++nremote;
-      direct = direct && r.local;
+      direct = direct && r.local && !qp->local_odp;  // ODP memory on either side: CMA
       room += take;
       need -= take;
     }
@@ -876,6 +888,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm, t->qpn);
   };
   auto move_failed = [&](int rc) -> Exec {
+    // EFAULT on an on-demand MR: its memory is not mapped (an access error);
+    // our own ODP SGEs were checked mapped before, so the fault is theirs.
+    if (rc == EFAULT && rm.odp) return fail(IBV_WC_REM_ACCESS_ERR);
+    if (rc == EFAULT && qp->local_odp) return fail(IBV_WC_LOC_PROT_ERR);
     return fail((rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR);
   };
 
@@ -883,14 +899,16 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   if (s->opcode == IBV_WR_RDMA_WRITE || s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) return fail(IBV_WC_REM_ACCESS_ERR);
-      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_out(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
+      const bool direct = rm.local && !qp->local_odp;
+      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_out(mpeer.pid, direct, local, nlocal, &remote, 1, true)) return move_failed(rc);
     }
   } else if (s->opcode == IBV_WR_RDMA_READ) {
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) return fail(IBV_WC_REM_ACCESS_ERR);
-      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_in(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
+      const bool direct = rm.local && !qp->local_odp;
+      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_in(mpeer.pid, direct, local, nlocal, &remote, 1)) return move_failed(rc);
     }
   } else if (is_atomic(s->opcode)) {
     if (s->remote_addr % 8) return fail(IBV_WC_REM_INV_REQ_ERR);
@@ -912,7 +930,8 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       if (registry_.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
       uint64_t next = 0;
       IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
-      int rc = move_in(mpeer.pid, mpeer.self_process, &mine, 1, &theirs, 1);
+      const bool same = mpeer.self_process && !rm.odp;
+      int rc = move_in(mpeer.pid, same, &mine, 1, &theirs, 1);
       if (rc == 0) {
         bool store = true;
         if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
@@ -922,12 +941,17 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
           next = old + s->compare_add;
         }
         IoVec nv{&next, 8};
-        if (store) rc = move_out(mpeer.pid, mpeer.self_process, &nv, 1, &theirs, 1, false);
+        if (store) rc = move_out(mpeer.pid, same, &nv, 1, &theirs, 1, false);
       }
       registry_.unlock_atomic(stripe);
       if (rc) return move_failed(rc);
     }
-    std::memcpy(local[0].base, &old, 8);
+    if (qp->local_odp) {  // our ODP result buffer: written through CMA too
+      IoVec src{&old, 8};
+      if (int rc = move_out(::getpid(), false, &src, 1, &local[0], 1, false)) return move_failed(rc);
+    } else {
+      std::memcpy(local[0].base, &old, 8);
+    }
   }
 
   if (!consumes_recv(s->opcode)) {

@@ -76,6 +76,17 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   a.hca_core_clock = kDeviceClockKhz;
   a.completion_timestamp_mask = ~uint64_t{0};
   a.max_dm_size = limits::kMaxDmSize;  // per context (dm.cc)
+  // On-demand paging (src/mr.cc): explicit and implicit ODP MRs, reached by
+  // every operation of every transport through CMA (an unmapped page is an
+  // access error, never a fault).
+  a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  const uint32_t all = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                       IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.rc_odp_caps = all;
+  a.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                                              IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.xrc_odp_caps = all;
   // Callers built against older headers pass a smaller struct: never write
   // past what they gave us.
   std::memcpy(attr, &a, std::min(attr_size, sizeof a));

@@ -1,6 +1,7 @@
 // Memory regions.
 #include <cerrno>
 #include <new>
+#include <vector>
 
 #include "provider.h"
 
@@ -70,6 +71,32 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   vmr->ibv_mr.rkey = mr->info.rkey;
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
   return 0;
+}
+
+static_assert(kAdvisePrefetch == IBV_ADVISE_MR_ADVICE_PREFETCH &&
+              kAdvisePrefetchWrite == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+              kAdvisePrefetchNoFault == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT &&
+              kAdviseFlagFlush == IB_UVERBS_ADVISE_MR_FLAG_FLUSH);
+
+// ibv_advise_mr (core: LocalContext::advise_mr).
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge) noexcept {
+  if (!pd || !sg_list || num_sge == 0) return EINVAL;
+  std::vector<uint64_t> addrs;
+  std::vector<uint32_t> lengths, lkeys;
+  try {
+    addrs.resize(num_sge);
+    lengths.resize(num_sge);
+    lkeys.resize(num_sge);
+  } catch (...) {
+    return ENOMEM;
+  }
+  for (uint32_t k = 0; k < num_sge; ++k) {
+    addrs[k] = sg_list[k].addr;
+    lengths[k] = sg_list[k].length;
+    lkeys[k] = sg_list[k].lkey;
+  }
+  return to_ctx(pd->context)->core->advise_mr(to_pd(pd)->index, static_cast<uint32_t>(advice), flags, addrs.data(),
+                                              lengths.data(), lkeys.data(), num_sge);
 }
 
 // Memory windows (core: src/mw.cc).

@@ -163,6 +163,7 @@ void cq_event(ibv_cq*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
+int advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) noexcept;
 ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type) noexcept;
 int dealloc_mw(ibv_mw*) noexcept;
 int bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) noexcept;

@@ -105,6 +105,7 @@ const verbs_context_ops kOps = [] {
   o.dereg_mr = dereg_mr;
   o.reg_mr = reg_mr;
   o.rereg_mr = rereg_mr;
+  o.advise_mr = advise_mr;
   o.alloc_mw = alloc_mw;  // mr.cc: memory windows
   o.dealloc_mw = dealloc_mw;
   o.bind_mw = bind_mw;

@@ -793,6 +793,124 @@ void device_memory(Owner& o) {
   std::printf("dm: done\n");
 }
 
+// On-demand paging: an ODP MR over a range with a hole that is mapped later,
+// implicit ODP, ibv_advise_mr and its errors; accesses to unmapped memory
+// complete with access errors and neither side crashes.
+void on_demand(Owner& o) {
+  ibv_device_attr_ex dx{};
+  CHECK(ibv_query_device_ex(o.ctx, nullptr, &dx) == 0, "query_device_ex");
+  CHECK((dx.odp_caps.general_caps & IBV_ODP_SUPPORT) && (dx.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT),
+        "general odp caps 0x%" PRIx64, dx.odp_caps.general_caps);
+  const uint32_t rc_want = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                           IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+  CHECK((dx.odp_caps.per_transport_caps.rc_odp_caps & rc_want) == rc_want, "rc odp caps 0x%x",
+        dx.odp_caps.per_transport_caps.rc_odp_caps);
+  const size_t half = kLen / 2;
+  uint8_t* buf = map_buf(kLen);
+  uint8_t* hole = buf + half;
+  CHECK(::munmap(hole, half) == 0, "munmap");
+  std::memset(buf, 0xcc, half);
+  const unsigned acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  errno = 0;
+  CHECK(ibv_reg_mr(o.pd, buf, kLen, acc) == nullptr && errno == EFAULT, "non-ODP MR over a hole: errno %d", errno);
+  ibv_mr* mr = ibv_reg_mr(o.pd, buf, kLen, acc | IBV_ACCESS_ON_DEMAND);
+  if (!mr) die("ODP reg_mr: %s", std::strerror(errno));
+  CHECK(o.write(mr->rkey, buf + 100, 1000, 0x21) == IBV_WC_SUCCESS && all_are(buf + 100, 1000, 0x21) &&
+            buf[99] == 0xcc && buf[1100] == 0xcc,
+        "peer WRITE into mapped ODP memory");
+  CHECK(o.write(mr->rkey, hole + 10, 100, 0x22) == IBV_WC_REM_ACCESS_ERR, "peer WRITE into the hole");
+  CHECK(o.read(mr->rkey, hole, 64) == IBV_WC_REM_ACCESS_ERR, "peer READ of the hole");
+  CHECK(o.write(mr->rkey, buf + half - 8, 16, 0x23) == IBV_WC_REM_ACCESS_ERR, "peer WRITE across into the hole");
+  // Advice.
+  ibv_sge sg{reinterpret_cast<uintptr_t>(buf), static_cast<uint32_t>(half), mr->lkey};
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &sg, 1) == 0,
+        "PREFETCH_WRITE (FLUSH)");
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sg, 1) == 0, "PREFETCH");
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &sg, 1) == 0, "PREFETCH_NO_FAULT");
+  ibv_sge hs{reinterpret_cast<uintptr_t>(hole), 4096, mr->lkey};
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &hs, 1) == EFAULT,
+        "PREFETCH of the hole");
+  ibv_sge out{reinterpret_cast<uintptr_t>(buf) + kLen - 8, 16, mr->lkey};
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &out, 1) == EFAULT, "PREFETCH past the MR");
+  CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 1u << 5, &sg, 1) == EINVAL, "unknown flag");
+  CHECK(ibv_advise_mr(o.pd, static_cast<ibv_advise_mr_advice>(99), 0, &sg, 1) == EOPNOTSUPP, "unknown advice");
+  CHECK(ibv_advise_mr(o.pd2, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sg, 1) == EPERM, "MR of another PD");
+  {
+    uint8_t* plain_buf = map_buf(4096);
+    ibv_mr* plain = ibv_reg_mr(o.pd, plain_buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge ps{reinterpret_cast<uintptr_t>(plain_buf), 4096, plain ? plain->lkey : 0};
+    CHECK(plain && ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &ps, 1) == EINVAL, "advise on a non-ODP MR");
+    ibv_mr* ro = ibv_reg_mr(o.pd, plain_buf, 4096, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ);
+    ibv_sge rs{reinterpret_cast<uintptr_t>(plain_buf), 4096, ro ? ro->lkey : 0};
+    CHECK(ro && ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, 0, &rs, 1) == EPERM,
+          "PREFETCH_WRITE of a read-only ODP MR");
+    CHECK(ro && ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &rs, 1) == 0, "PREFETCH of a read-only ODP MR");
+    if (ro) CHECK(ibv_dereg_mr(ro) == 0, "dereg");
+    if (plain) CHECK(ibv_dereg_mr(plain) == 0, "dereg");
+    ::munmap(plain_buf, 4096);
+  }
+  // The hole mapped later is covered by the MR.
+  void* p = ::mmap(hole, half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  CHECK(p == hole, "mmap the hole");
+  CHECK(o.write(mr->rkey, hole + 10, 100, 0x24) == IBV_WC_SUCCESS && all_are(hole + 10, 100, 0x24) && hole[9] == 0,
+        "peer WRITE into memory mapped after the registration");
+  {
+    for (size_t i = 0; i < 4096; ++i) hole[4096 + i] = static_cast<uint8_t>(i ^ 0x5a);
+    uint64_t h = 0;
+    CHECK(o.read(mr->rkey, hole + 4096, 4096, &h) == IBV_WC_SUCCESS && h == fnv(hole + 4096, 4096),
+          "peer READ of memory mapped after the registration");
+  }
+  // Our own ODP memory as a SEND's source and a receive's target.
+  if (!o.ctl.send_line("recv 512")) die("recv");
+  std::string r;
+  if (o.ctl.poll_line(&r, 30000) != 1 || r != "posted") die("peer did not post");
+  CHECK(post_send(o.qp, hole + 4096, 512, mr->lkey, 800) == 0 && poll_status(o.cq) == IBV_WC_SUCCESS,
+        "SEND from ODP memory");
+  if (o.ctl.poll_line(&r, 30000) != 1) die("no recv reply");
+  {
+    int st = -1;
+    uint64_t hh = 0;
+    std::istringstream(r) >> st >> hh;
+    CHECK(st == IBV_WC_SUCCESS && hh == fnv(hole + 4096, 512), "the peer received the ODP bytes: %d", st);
+  }
+  CHECK(post_recv(o.qp, hole + 16384, 4096, mr->lkey, 801) == 0, "post_recv into ODP memory");
+  CHECK(o.cmd("send 700 3") == IBV_WC_SUCCESS, "peer SEND into ODP memory");
+  {
+    ibv_wc wc{};
+    CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 700, "receive into ODP: %s",
+          dp::wc_str(wc).c_str());
+    bool ok = true;
+    for (size_t i = 0; i < 700; ++i) ok = ok && hole[16384 + i] == static_cast<uint8_t>(3 + i);
+    CHECK(ok, "the SEND's bytes in ODP memory");
+  }
+  // Implicit ODP: the whole address space, memory of any origin.
+  ibv_mr* imr = ibv_reg_mr(o.pd, nullptr, SIZE_MAX, acc | IBV_ACCESS_ON_DEMAND);
+  CHECK(imr != nullptr, "implicit ODP MR: %s", std::strerror(errno));
+  if (imr) {
+    uint8_t* later = map_buf(8192);
+    CHECK(o.write(imr->rkey, later + 8, 64, 0x31) == IBV_WC_SUCCESS && all_are(later + 8, 64, 0x31) && later[7] == 0,
+          "peer WRITE through the implicit ODP MR");
+    CHECK(::munmap(later, 8192) == 0, "munmap");
+    CHECK(o.write(imr->rkey, later + 8, 64, 0x32) == IBV_WC_REM_ACCESS_ERR, "peer WRITE to unmapped memory (implicit)");
+    ibv_sge is{reinterpret_cast<uintptr_t>(buf), 4096, imr->lkey};
+    CHECK(ibv_advise_mr(o.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &is, 1) == 0,
+          "advise on the implicit MR");
+    CHECK(ibv_dereg_mr(imr) == 0, "dereg implicit");
+  }
+  // A local SEND from unmapped ODP memory: a local protection error.
+  CHECK(::munmap(hole, half) == 0, "munmap again");
+  CHECK(post_send(o.qp, hole, 64, mr->lkey, 802) == 0 && poll_status(o.cq) == IBV_WC_LOC_PROT_ERR,
+        "SEND from unmapped ODP memory");
+  {
+    bool all_flush = false;
+    drain_flushes(o.cq, &all_flush);
+  }
+  CHECK(reconnect(o.qp, o.peer), "reconnect after the local error");
+  CHECK(ibv_dereg_mr(mr) == 0, "dereg ODP MR");
+  ::munmap(buf, half);
+  std::printf("odp: done\n");
+}
+
 int run_owner() {
   Owner o;
   std::string why;
@@ -820,6 +938,7 @@ int run_owner() {
   if (sel.empty() || sel == "rereg") rereg(o);
   if (sel.empty() || sel == "reuse") reuse(o);
   if (sel.empty() || sel == "dm") device_memory(o);
+  if (sel.empty() || sel == "odp") on_demand(o);
   if (sel.empty() || sel == "timestamps") timestamps(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
@@ -877,6 +996,11 @@ TEST(Contract, QpPairReusedAfterErr) {
 TEST(Contract, DeviceMemory) {
   DP_REQUIRE_DEVICE();
   run_pair("dm");
+}
+
+TEST(Contract, OnDemandPaging) {
+  DP_REQUIRE_DEVICE();
+  run_pair("odp");
 }
 
 TEST(Contract, CompletionTimestamps) {
