@@ -210,8 +210,15 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
   constexpr uint64_t kTimestampFlags =
       IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
   if ((attr->wc_flags & ~(uint64_t{IBV_WC_STANDARD_FLAGS} | kTimestampFlags)) ||
-      (attr->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS})) {
+      (attr->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD})) {
     errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // A parent domain (pd.cc) has no allocators here: nothing to take from it,
+  // but it must be one of ours.
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (!attr->parent_domain || attr->parent_domain->context != ibctx || !to_pd(attr->parent_domain)->parent)) {
+    errno = EINVAL;
     return nullptr;
   }
   uint32_t flags = 0;

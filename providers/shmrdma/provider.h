@@ -25,8 +25,14 @@ static_assert(offsetof(Context, vctx) == 0);
 
 struct Pd {
   ibv_pd ibv;
-  uint32_t index;
+  uint32_t index;  // the core's PD (a parent domain's: its PD's)
+  // A parent domain (pd.cc) is a Pd too, so every object created with it
+  // uses its PD's index unchanged; `parent` is that PD (nullptr for a PD).
+  Pd* parent = nullptr;
+  void* pd_context = nullptr;
+  std::atomic<uint32_t> parents{0};  // parent domains over this PD: dealloc_pd is EBUSY
 };
+ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept;
 
 struct Cq {
   verbs_cq vcq;

@@ -90,6 +90,7 @@ void async_event(ibv_context* ibctx, ibv_async_event* event) noexcept {
 const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
   o.alloc_pd = alloc_pd;
+  o.alloc_parent_domain = alloc_parent_domain;  // pd.cc
   o.async_event = async_event;
   o.create_cq = create_cq;
   o.create_cq_ex = create_cq_ex;

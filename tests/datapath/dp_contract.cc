@@ -911,6 +911,120 @@ void on_demand(Owner& o) {
   std::printf("odp: done\n");
 }
 
+void* test_alloc(ibv_pd*, void*, size_t, size_t, uint64_t) { return IBV_ALLOCATOR_USE_DEFAULT; }
+void test_free(ibv_pd*, void*, void*, uint64_t) {}
+
+// Parent domains: pd_context, objects created with one are objects of its
+// PD (across processes), allocators refused (queues live in the shared
+// segment), EBUSY for its PD.
+void parent_domains(Owner& o) {
+  ibv_pd* base = ibv_alloc_pd(o.ctx);
+  if (!base) die("alloc_pd");
+  int cookie = 0;
+  ibv_parent_domain_init_attr pa{};
+  pa.pd = base;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+  pa.alloc = test_alloc;
+  pa.free = test_free;
+  errno = 0;
+  CHECK(ibv_alloc_parent_domain(o.ctx, &pa) == nullptr && errno == EOPNOTSUPP, "allocators: errno %d", errno);
+  pa = ibv_parent_domain_init_attr{};
+  pa.pd = nullptr;
+  errno = 0;
+  CHECK(ibv_alloc_parent_domain(o.ctx, &pa) == nullptr && errno == EINVAL, "no PD: errno %d", errno);
+  pa.pd = base;
+  pa.comp_mask = 1u << 7;
+  errno = 0;
+  CHECK(ibv_alloc_parent_domain(o.ctx, &pa) == nullptr && errno == EINVAL, "unknown comp_mask: errno %d", errno);
+  {
+    ibv_td_init_attr ta{};
+    errno = 0;
+    CHECK(ibv_alloc_td(o.ctx, &ta) == nullptr && errno == EOPNOTSUPP, "thread domains: errno %d", errno);
+  }
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT | IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+  pa.pd_context = &cookie;  // allocators NULL: the provider's own
+  ibv_pd* pd = ibv_alloc_parent_domain(o.ctx, &pa);
+  if (!pd) die("alloc_parent_domain: %s", std::strerror(errno));
+  CHECK(pd->context == o.ctx, "context");
+  pa.pd = pd;
+  pa.comp_mask = 0;
+  errno = 0;
+  CHECK(ibv_alloc_parent_domain(o.ctx, &pa) == nullptr && errno == EINVAL, "parent of a parent: errno %d", errno);
+  CHECK(ibv_dealloc_pd(base) == EBUSY, "dealloc_pd of a PD with a parent domain");
+
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 32;
+  ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = base;  // not a parent domain
+  errno = 0;
+  CHECK(ibv_create_cq_ex(o.ctx, &ca) == nullptr && errno == EINVAL, "CQ with a PD as parent domain: errno %d", errno);
+  ca.parent_domain = pd;
+  ibv_cq_ex* cq = ibv_create_cq_ex(o.ctx, &ca);
+  if (!cq) die("create_cq_ex with a parent domain: %s", std::strerror(errno));
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ibv_cq_ex_to_cq(cq);
+  ia.recv_cq = ibv_cq_ex_to_cq(cq);
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 8;
+  ia.cap.max_recv_wr = 8;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  if (!qp) die("create_qp on a parent domain: %s", std::strerror(errno));
+  CHECK(qp->pd == pd, "qp->pd");
+  uint8_t* buf = map_buf(kLen);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* bmr = ibv_reg_mr(base, buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr || !bmr) die("reg_mr");
+  ibv_qp* old = o.qp;
+  CHECK(to_err(old), "old QP to ERR");
+  if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
+  {
+    std::string r;
+    if (o.ctl.poll_line(&r, 30000) != 1 || r != "ok") die("peer newqp: %s", r.c_str());
+  }
+  if (!connect_qp(qp, o.peer)) die("connect");
+  ibv_cq* ocq = o.cq;
+  o.qp = qp;
+  o.cq = ibv_cq_ex_to_cq(cq);
+  std::memset(buf, 0, kLen);
+  CHECK(post_recv(qp, buf, 4096, mr->lkey, 900) == 0, "post_recv");
+  CHECK(o.cmd("send 2000 9") == IBV_WC_SUCCESS, "peer SEND to the parent domain's QP");
+  {
+    ibv_wc wc{};
+    CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 2000 && wc.wr_id == 900, "receive: %s",
+          dp::wc_str(wc).c_str());
+    bool ok = true;
+    for (size_t i = 0; i < 2000; ++i) ok = ok && buf[i] == static_cast<uint8_t>(9 + i);
+    CHECK(ok, "SEND payload");
+  }
+  CHECK(o.write(mr->rkey, buf + 8192, 300, 0x44) == IBV_WC_SUCCESS && all_are(buf + 8192, 300, 0x44),
+        "peer WRITE through an MR of the parent domain");
+  CHECK(o.write(bmr->rkey, buf + 9000, 300, 0x45) == IBV_WC_SUCCESS && all_are(buf + 9000, 300, 0x45),
+        "peer WRITE through an MR of its PD (the same PD)");
+  // Back to the original QP for the rest of the run.
+  CHECK(to_err(qp), "parent QP to ERR");
+  o.qp = old;
+  o.cq = ocq;
+  if (!o.ctl.send_line("newqp " + std::to_string(old->qp_num))) die("newqp");
+  {
+    std::string r;
+    if (o.ctl.poll_line(&r, 30000) != 1 || r != "ok") die("peer newqp: %s", r.c_str());
+  }
+  {
+    bool all_flush = false;
+    drain_flushes(ocq, &all_flush);
+  }
+  CHECK(reconnect(old, o.peer), "reconnect the old QP");
+  CHECK(ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(bmr) == 0, "dereg");
+  CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0, "destroy");
+  CHECK(ibv_dealloc_pd(pd) == 0, "dealloc the parent domain");
+  CHECK(ibv_dealloc_pd(base) == 0, "dealloc its PD afterwards");
+  ::munmap(buf, kLen);
+  std::printf("parent: done\n");
+}
+
 int run_owner() {
   Owner o;
   std::string why;
@@ -939,6 +1053,7 @@ int run_owner() {
   if (sel.empty() || sel == "reuse") reuse(o);
   if (sel.empty() || sel == "dm") device_memory(o);
   if (sel.empty() || sel == "odp") on_demand(o);
+  if (sel.empty() || sel == "parent") parent_domains(o);
   if (sel.empty() || sel == "timestamps") timestamps(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
@@ -1001,6 +1116,11 @@ TEST(Contract, DeviceMemory) {
 TEST(Contract, OnDemandPaging) {
   DP_REQUIRE_DEVICE();
   run_pair("odp");
+}
+
+TEST(Contract, ParentDomains) {
+  DP_REQUIRE_DEVICE();
+  run_pair("parent");
 }
 
 TEST(Contract, CompletionTimestamps) {
