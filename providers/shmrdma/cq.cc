@@ -237,6 +237,10 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
   Cq* cq = create_common(ibctx, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector),
                          flags);
   if (!cq) return nullptr;
+  if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    cq->parent_domain = attr->parent_domain;
+    pd_hold(cq->parent_domain);
+  }
   ibv_cq_ex& x = cq->vcq.cq_ex;
   x.comp_mask = 0;
   x.start_poll = start_poll;
@@ -269,6 +273,7 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   pthread_mutex_lock(&ibcq->mutex);
   while (ibcq->comp_events_completed != cq->events_reported) pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
   pthread_mutex_unlock(&ibcq->mutex);
+  pd_release(cq->parent_domain);
   delete cq;
   return 0;
 }

@@ -38,6 +38,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->vmr.ibv_mr.rkey = mr->info.rkey;
   mr->vmr.mr_type = IBV_MR_TYPE_MR;
   mr->vmr.access = access;
+  pd_hold(ibpd);
   return &mr->vmr.ibv_mr;
 }
 
@@ -45,6 +46,7 @@ int dereg_mr(verbs_mr* vmr) noexcept {
   Mr* mr = to_mr(vmr);
   if (int rc = to_ctx(vmr->ibv_mr.context)->core->destroy_mr(mr->info.index)) return rc;
   if (mr->dm) mr->dm->mrs.fetch_sub(1, std::memory_order_acq_rel);
+  pd_release(vmr->ibv_mr.pd);
   delete mr;
   return 0;
 }
@@ -69,6 +71,10 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   }
   vmr->ibv_mr.lkey = mr->info.lkey;
   vmr->ibv_mr.rkey = mr->info.rkey;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {  // libibverbs sets mr->pd = pd after we return
+    pd_hold(pd);
+    pd_release(vmr->ibv_mr.pd);
+  }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
   return 0;
 }
@@ -122,12 +128,14 @@ ibv_mw* alloc_mw(ibv_pd* ibpd, ibv_mw_type type) noexcept {
   mw->ibv.rkey = info.rkey;
   mw->ibv.handle = info.index;
   mw->ibv.type = type;
+  pd_hold(ibpd);
   return &mw->ibv;
 }
 
 int dealloc_mw(ibv_mw* ibmw) noexcept {
   Mw* mw = to_mw(ibmw);
   if (int rc = to_ctx(ibmw->context)->core->destroy_mw(mw->index)) return rc;
+  pd_release(ibmw->pd);
   delete mw;
   return 0;
 }

@@ -27,6 +27,7 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
 int dealloc_pd(ibv_pd* ibpd) noexcept {
   Pd* pd = to_pd(ibpd);
   if (pd->parent) {  // a parent domain: its PD stays
+    if (pd->users.load(std::memory_order_acquire)) return EBUSY;  // objects created with it
     pd->parent->parents.fetch_sub(1, std::memory_order_acq_rel);
     delete pd;
     return 0;

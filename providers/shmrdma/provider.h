@@ -31,7 +31,16 @@ struct Pd {
   Pd* parent = nullptr;
   void* pd_context = nullptr;
   std::atomic<uint32_t> parents{0};  // parent domains over this PD: dealloc_pd is EBUSY
+  std::atomic<uint32_t> users{0};    // a parent domain's objects: its dealloc_pd is EBUSY
 };
+// Objects created with a parent domain count on it (a PD's own objects are
+// counted by the core).
+inline void pd_hold(ibv_pd* p) noexcept {
+  if (p && reinterpret_cast<struct Pd*>(p)->parent) reinterpret_cast<struct Pd*>(p)->users.fetch_add(1);
+}
+inline void pd_release(ibv_pd* p) noexcept {
+  if (p && reinterpret_cast<struct Pd*>(p)->parent) reinterpret_cast<struct Pd*>(p)->users.fetch_sub(1);
+}
 ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept;
 
 struct Cq {
@@ -50,6 +59,7 @@ struct Cq {
   // a lock-free reader never sees a view being rewritten.
   std::atomic<const Ring*> peek_view{nullptr};
   std::vector<std::unique_ptr<Ring>> views;  // under poll_lock
+  ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD
 };
 
 struct Wq {

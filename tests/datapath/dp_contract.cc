@@ -1017,8 +1017,17 @@ void parent_domains(Owner& o) {
     drain_flushes(ocq, &all_flush);
   }
   CHECK(reconnect(old, o.peer), "reconnect the old QP");
+  CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc of a parent domain with a QP, a CQ and an MR");
   CHECK(ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(bmr) == 0, "dereg");
-  CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0, "destroy");
+  CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc of a parent domain with a QP and a CQ");
+  CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+  CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc of a parent domain with a CQ");
+  CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0, "destroy_cq");
+  {
+    ibv_mw* mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    CHECK(mw && ibv_dealloc_pd(pd) == EBUSY, "dealloc of a parent domain with a window");
+    if (mw) CHECK(ibv_dealloc_mw(mw) == 0, "dealloc_mw");
+  }
   CHECK(ibv_dealloc_pd(pd) == 0, "dealloc the parent domain");
   CHECK(ibv_dealloc_pd(base) == 0, "dealloc its PD afterwards");
   ::munmap(buf, kLen);
