@@ -84,6 +84,9 @@ inline constexpr uint32_t kAccessRemoteAtomic = 1u << 3;
 inline constexpr uint32_t kAccessMwBind = 1u << 4;
 inline constexpr uint32_t kAccessZeroBased = 1u << 5;
 inline constexpr uint32_t kAccessOnDemand = 1u << 6;
+// ibv_advise_mr's advice and flag values (providers check they match).
+inline constexpr uint32_t kAdvisePrefetch = 0, kAdvisePrefetchWrite = 1, kAdvisePrefetchNoFault = 2;
+inline constexpr uint32_t kAdviseFlagFlush = 1u << 0;
 inline constexpr uint32_t kAccessHugetlb = 1u << 7;
 inline constexpr uint32_t kAccessOptionalFirst = 1u << 20;  // IBV_ACCESS_OPTIONAL_FIRST: ignorable hints
 inline constexpr uint32_t kRereg_ChangeTranslation = 1u << 0;
@@ -162,6 +165,10 @@ class LocalContext {
   int rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
                uint32_t access, MrInfo* out) noexcept;
   int destroy_mr(uint32_t index) noexcept;
+  // ibv_advise_mr (mr.cc): advice kAdvise*, flags kAdviseFlagFlush; the
+  // SGEs (addr, length, lkey) must name ODP MRs of `pd`.
+  int advise_mr(uint32_t pd, uint32_t advice, uint32_t flags, const uint64_t* addrs, const uint32_t* lengths,
+                const uint32_t* lkeys, uint32_t n) noexcept;
   // Resolves a local SGE for the data path: the key must name a live MR of
   // `pd` with `need` access covering [addr, addr+len). Returns the host
   // address or nullptr. Reads only private state.
@@ -338,6 +345,7 @@ class LocalContext {
     uint64_t host = 0;        // address in the target process
     uint8_t* local = nullptr; // the same bytes in this process, when directly reachable
     bool mapped = false;      // the MR is in the mapped tier (CPU atomics apply)
+    bool odp = false;         // an on-demand MR: only CMA (EFAULT, never a fault) reaches it
   };
   // target_qpn: the QP the access arrives at (type 2 windows answer only
   // accesses through the QP they were bound with).
@@ -354,7 +362,15 @@ class LocalContext {
   bool invalidate_remote_mw(Peer& peer, uint32_t pd, uint32_t rkey, bool check_only) noexcept;
   // Callers hold mu_ and mw_mu_: EBUSY when a valid window is bound to MR `index`.
   int mr_has_windows(uint32_t index) noexcept;
-  bool gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept;
+  // *odp: an SGE is in an on-demand MR (checked mapped now; the move must
+  // then use CMA, which fails with EFAULT instead of faulting).
+  bool gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n, bool* odp = nullptr) noexcept;
+  // For ODP SGEs: is [addr, addr + len) of our address space mapped?
+  bool local_range_mapped(uint64_t addr, uint64_t len) const noexcept;
+  bool local_is_odp(uint32_t lkey) const noexcept {
+    const uint32_t i = layout::key_index(lkey);
+    return i < mrs_.size() && (mrs_[i].access & kAccessOnDemand);
+  }
   enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone };
   // Where a delivered message's receive WQE comes from, when it is not t's
   // own RQ or SRQ: an XRC SRQ in `peer`'s segment, whose PD checks the

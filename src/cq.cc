@@ -296,7 +296,7 @@ int LocalContext::create_cq(uint32_t cqe, CqInfo* out) noexcept {
 
 int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqInfo* out) noexcept {
   if (cqe < 1 || cqe > limits::kMaxCqe) return EINVAL;
-  if (flags & ~uint32_t{layout::kCqIgnoreOverrun}) return EINVAL;
+  if (flags & ~uint32_t{layout::kCqIgnoreOverrun | layout::kCqTimestamp}) return EINVAL;
   uint32_t capacity = Ring::capacity_for(cqe);
   if (capacity == 0 || capacity > limits::kMaxCqe) return EINVAL;
   std::lock_guard lk(mu_);
@@ -445,10 +445,20 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   Ring ring;
   if (peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring, cache) &&
       ring.payload_size() >= sizeof cqe) {  // P2
+    // The completion timestamp, only for CQs that asked for it (the clock
+    // stays off the data path otherwise). The consumer keeps a CQ's stamps
+    // monotonic in ring order (provider cq.cc).
+    layout::Cqe stamped;
+    const layout::Cqe* c = &cqe;
+    if (e->flags & layout::kCqTimestamp) {
+      stamped = cqe;
+      stamped.timestamp = mono_ns();
+      c = &stamped;
+    }
     // Bounded retry: a CQ that stays full has overrun, as on hardware.
     r = Push::kFull;
     for (int i = 0; i < 4; ++i) {
-      RingStatus st = ring.try_push_cas(&cqe, sizeof cqe);
+      RingStatus st = ring.try_push_cas(c, sizeof cqe);
       if (st == RingStatus::ok) {
         r = Push::kOk;
         break;

@@ -17,6 +17,10 @@ inline constexpr uint32_t kMaxRwqIndTables = 1024;
 inline constexpr uint32_t kMaxQp = 4096;
 inline constexpr uint32_t kMaxSrq = 4096;
 inline constexpr uint32_t kMaxMr = 65536;
+// Device memory (ibv_alloc_dm): what one context may hold in all
+// (max_dm_size); DM is memory of the process that allocates it.
+inline constexpr uint64_t kMaxDmSize = uint64_t{256} << 10;
+inline constexpr uint32_t kMaxDmLogAlign = 21;  // log_align_req up to 2 MiB
 inline constexpr uint32_t kMaxAh = 65536;
 
 // Per-context table capacities. A context may hold up to the device-wide

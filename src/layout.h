@@ -335,7 +335,8 @@ static_assert(sizeof(CqEntry) == 64);
 static_assert(offsetof(CqEntry, notify) == 32);
 
 enum CqNotify : uint32_t { kNotifyNone = 0, kNotifySolicited = 1, kNotifyNext = 2 };
-enum CqFlags : uint32_t { kCqIgnoreOverrun = 1u << 0 };
+// kCqTimestamp: producers stamp Cqe::timestamp (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP*).
+enum CqFlags : uint32_t { kCqIgnoreOverrun = 1u << 0, kCqTimestamp = 1u << 1 };
 
 struct WqEntry {
   std::atomic<uint32_t> state;
@@ -406,6 +407,21 @@ struct MrEntry {
   std::atomic<uint64_t> mw_key;
 };
 static_assert(sizeof(MrEntry) == 96);
+
+// The owner's write of an MR-table entry, MRs and windows alike: a seqlock on
+// `generation` (odd while the fields change). Peers (transport.cc
+// resolve_remote) read generation, the fields, then generation again, and use
+// the copy only when both reads are the same even value; so a re-registration
+// (access, PD, translation) is seen whole by the very next access.
+template <typename F>
+inline void mr_entry_update(MrEntry* e, F&& fill) {
+  std::atomic_ref<uint32_t> gen(e->generation);
+  const uint32_t g = gen.load(std::memory_order_relaxed);
+  gen.store(g | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  fill();
+  gen.store((g | 1) + 1, std::memory_order_release);
+}
 static_assert(offsetof(MrEntry, mw_key) % 8 == 0);
 
 enum MrTier : uint16_t { kTierCma = 0, kTierMapped = 1 };
@@ -417,6 +433,7 @@ enum TierWhy : uint16_t {
   kTierWhyKernel = 4,     // the kernel refused a step of the move
   kTierWhyResources = 5,  // out of regions, file descriptors or memory
   kTierWhyWindow = 6,     // a memory window that is not bound
+  kTierWhyOdp = 7,        // an on-demand-paging MR: CMA only, so unmapped pages are access errors
 };
 enum MrKind : uint32_t { kKindMr = 0, kKindMw1 = 1, kKindMw2 = 2 };
 inline constexpr uint64_t kMwValid = uint64_t{1} << 32;
@@ -638,8 +655,11 @@ struct Cqe {
   uint8_t dlid_path_bits;
   uint8_t flags;        // CqeFlags
   uint8_t take_tag;     // receive completions of initiators: low bits of the take counter (transport.cc)
+  // CLOCK_MONOTONIC ns when the producer pushed it, in CQs created with
+  // kCqTimestamp (the device clock: hca_core_clock 1 GHz); 0 otherwise.
+  uint64_t timestamp;
 };
-static_assert(sizeof(Cqe) == 48);
+static_assert(sizeof(Cqe) == 56, "with the 8-byte slot header a CQE still fills one cache line");
 // kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);
 // it wakes a CQ armed with solicited_only.
 enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0 };

@@ -30,15 +30,9 @@ uint16_t mw_tag() {
 
 constexpr uint32_t kMwAccess = kAccessRemoteWrite | kAccessRemoteRead | kAccessRemoteAtomic;
 
-// The owner's seqlock write of a window entry (layout.h).
 template <typename F>
 void mw_update(layout::MrEntry* e, F&& fill) {
-  std::atomic_ref<uint32_t> gen(e->generation);
-  uint32_t g = gen.load(std::memory_order_relaxed);
-  gen.store(g | 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  fill();
-  gen.store((g | 1) + 1, std::memory_order_release);
+  layout::mr_entry_update(e, std::forward<F>(fill));
 }
 
 }  // namespace
@@ -134,7 +128,11 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
   const bool type2 = w.kind == layout::kKindMw2;
   const bool valid = e->mw_key.load(std::memory_order_acquire) & layout::kMwValid;
   const bool unbind = s->mw_length == 0;
-  if (s->mw_access & ~kMwAccess) return IBV_WC_MW_BIND_ERR;  // zero-based windows are not supported
+  // The bind's access names the remote rights the window grants; local write
+  // in it (applications pass the MR's flags) grants nothing remote and is
+  // ignored. Anything else is not a window right.
+  const uint32_t mw_access = s->mw_access & ~kAccessLocalWrite;
+  if (mw_access & ~kMwAccess) return IBV_WC_MW_BIND_ERR;  // zero-based windows are not supported
   if (type2) {
     if (valid) return IBV_WC_MW_BIND_ERR;          // o10-37.2.30: invalidate first
     if (qp->pd != w.pd) return IBV_WC_MW_BIND_ERR;  // C10-72
@@ -147,7 +145,7 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
     if (!m->live || m->kind != layout::kKindMr || m->lkey != s->mw_mr_lkey || m->pd != w.pd)
       return IBV_WC_MW_BIND_ERR;
     if (!(m->access & kAccessMwBind) || (m->access & kAccessZeroBased)) return IBV_WC_MW_BIND_ERR;  // C10-73
-    if ((s->mw_access & (kAccessRemoteWrite | kAccessRemoteAtomic)) && !(m->access & kAccessLocalWrite))
+    if ((mw_access & (kAccessRemoteWrite | kAccessRemoteAtomic)) && !(m->access & kAccessLocalWrite))
       return IBV_WC_MW_BIND_ERR;  // C10-74
     const uint64_t a = s->mw_addr, len = s->mw_length;
     if (a < m->iova || len > m->length || a - m->iova > m->length - len) return IBV_WC_MW_BIND_ERR;  // C10-75
@@ -158,7 +156,7 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
     if (m) {
       const auto* me = table<layout::MrEntry>(layout_.mr_table) + s->mw_mr;
       e->pd_index = w.pd;
-      e->access = s->mw_access;
+      e->access = mw_access;
       e->iova = s->mw_addr;
       e->length = s->mw_length;
       e->host_addr = m->addr + (s->mw_addr - m->iova);

@@ -222,6 +222,10 @@ struct Qp {
 
   bool mcast_attached = false;  // attached to a multicast group at some point
 
+  // The WQE being executed has an SGE in an on-demand MR (gather_local):
+  // its bytes move with CMA only. Under sq_lock.
+  bool local_odp = false;
+
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;
   void* user = nullptr;  // the application's ibv_qp, for async events
@@ -241,6 +245,29 @@ struct Qp {
   RingCache target_rq_cache, target_cq_cache, send_cq_cache;
 
   QpCounting cnt;  // per-port counters (counters.h, count.h)
+
+  // RESET: the QP behaves like a new one (IBA 10.3.1.1). Everything the send
+  // side learnt or was waiting for on the old connection goes: the wait of
+  // the WQE that was at sq_exec (else the next wait would inherit its
+  // elapsed time and fail at once with a retry error), RNR back-off, a busy
+  // receive record seen at the old target, and the caches of the old
+  // target's rings and mappings. The caller holds sq_lock.
+  void reset_connection_state() noexcept {
+    wait_started_ns = 0;
+    rnr_attempts = timeout_attempts = 0;
+    rnr_backoff = false;
+    rnr_backoff_since_ns = 0;
+    busy_take = busy_take_qpn = 0;
+    busy_since_ns = busy_claim_since_ns = 0;
+    busy_claim_pos = 0;
+    peer.reset();
+    remote_index = 0;
+    xrc_peer.reset();
+    map_cache = {};
+    map_cache_next = map_cache_last = 0;
+    target_rq_cache = RingCache{};
+    target_cq_cache = RingCache{};
+  }
 
   SendSlot* slot(uint32_t pos) noexcept {
     return reinterpret_cast<SendSlot*>(reinterpret_cast<char*>(sq_storage.data()) + size_t{pos & sq_mask} * sq_stride);

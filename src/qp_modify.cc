@@ -279,7 +279,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     uint32_t discarded_srqn = 0;
     (void)reclaim_take(qp, &discarded_wr_id, &discarded_srqn);
     take_discard(e);
-    qp->peer.reset();
+    qp->reset_connection_state();
     qp->peer_dev = nullptr;
     qp->peer_port = 0;
     qp->ud_av_valid = false;

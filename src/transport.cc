@@ -10,7 +10,9 @@
 // the peer's own memory (CMA targets the peer's pid) or make the operation
 // fail; our own buffers are resolved from our private MR table only.
 #include <endian.h>
+#include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -144,35 +146,54 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
                                   uint64_t addr, uint64_t len, Remote* out, uint32_t target_qpn) noexcept {
   layout::MrEntry* e = peer.mr(layout::key_index(key));
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
-  // A memory window (mw.cc): an rkey only, valid and bound; the snapshot is
-  // taken inside the owner's seqlock (layout.h MrEntry).
-  const uint32_t kind = e->kind;
+  // One snapshot of the untrusted entry inside the owner's seqlock (layout.h
+  // mr_entry_update), for MRs (re-registration) and windows (binds) alike;
+  // everything below uses the copy. The owner's write is a few stores: a
+  // bounded retry outlasts it unless the owner is preempted in the middle.
   std::atomic_ref<uint32_t> gen(e->generation);
-  uint32_t g = 0;
-  uint64_t mk = 0;
-  if (kind != layout::kKindMr) {
-    if (!rkey) return false;
-    g = gen.load(std::memory_order_acquire);
-    mk = e->mw_key.load(std::memory_order_acquire);
-    if ((g & 1) || mk != (layout::kMwValid | key)) return false;
-  }
-  // One snapshot of the untrusted entry; everything below uses the copy.
-  uint32_t k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
-  uint32_t epd = e->pd_index, eaccess = e->access, mw_qpn = e->mw_qpn;
-  uint64_t iova = e->iova, length = e->length, host = e->host_addr;
-  uint32_t tier = e->tier;
-  int memfd = e->memfd;
-  uint64_t map_start = e->map_start, map_len = e->map_len, map_id = e->map_id;
-  if (kind != layout::kKindMr) {
+  uint32_t kind = 0, k = 0, epd = 0, eaccess = 0, mw_qpn = 0, tier = 0;
+  uint64_t iova = 0, length = 0, host = 0, map_start = 0, map_len = 0, map_id = 0;
+  int memfd = -1;
+  bool stable = false;
+  for (int attempt = 0; attempt < 256 && !stable; ++attempt) {
+    if (attempt) {
+      if (attempt % 16 == 0)
+        sched_yield();
+      else
+        __builtin_ia32_pause();
+    }
+    const uint32_t g = gen.load(std::memory_order_acquire);
+    if (g & 1) continue;
+    kind = e->kind;
+    if (kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
+    const uint64_t mk = e->mw_key.load(std::memory_order_acquire);
+    // A window answers only while bound and valid with exactly this key.
+    if (kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
+    k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
+    epd = e->pd_index;
+    eaccess = e->access;
+    mw_qpn = e->mw_qpn;
+    iova = e->iova;
+    length = e->length;
+    host = e->host_addr;
+    tier = e->tier;
+    memfd = e->memfd;
+    map_start = e->map_start;
+    map_len = e->map_len;
+    map_id = e->map_id;
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (gen.load(std::memory_order_relaxed) != g || e->mw_key.load(std::memory_order_relaxed) != mk) return false;
-    if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
+    stable = gen.load(std::memory_order_relaxed) == g &&
+             (kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
   }
+  if (!stable) return false;
+  if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
   if (k != key || epd != pd || (eaccess & need) != need) return false;
   if (addr < iova || len > length || addr - iova > length - len) return false;
   out->host = host + (addr - iova);
   out->local = nullptr;
   out->mapped = false;
+  out->odp = eaccess & kAccessOnDemand;
+  if (out->odp) return true;  // CMA only, even within this process: EFAULT, never a fault
   if (peer.self_process) {
     out->local = reinterpret_cast<uint8_t*>(out->host);
     out->mapped = tier == layout::kTierMapped;
@@ -318,7 +339,11 @@ layout::Cqe recv_status_cqe(uint64_t wr_id, uint32_t status, uint32_t qpn) {
 }  // namespace
 
 void LocalContext::flush_send_queue(Qp* qp) noexcept {
-  // Caller holds qp->sq_lock.
+  // Caller holds qp->sq_lock. A WQE that was waiting (transport retry, RNR)
+  // is flushed: its wait ends with it.
+  qp->wait_started_ns = 0;
+  qp->rnr_attempts = qp->timeout_attempts = 0;
+  qp->rnr_backoff = false;
   while (qp->sq_exec != qp->sq_tail) {
     complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_WR_FLUSH_ERR);
     qp->sq_exec += 1;
@@ -370,8 +395,10 @@ void LocalContext::enter_error(Qp* qp) noexcept {
 }
 
 // Our side of a WQE: its inline bytes, or its SGEs checked against our MRs.
-bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) noexcept {
+bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n, bool* odp) noexcept {
   *n = 0;
+  if (odp) *odp = false;
+  qp->local_odp = false;
   if (s->inline_len) {
     local[(*n)++] = {qp->inline_data(s), s->inline_len};
     return true;
@@ -382,6 +409,13 @@ bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n) 
     if (sg[k].length == 0) continue;
     const void* p = resolve_local(sg[k].lkey, qp->pd, sg[k].addr, sg[k].length, into_local ? kAccessLocalWrite : 0);
     if (!p) return false;
+    if (local_is_odp(sg[k].lkey)) {
+      // On-demand memory must be mapped by now (else a local protection
+      // error); the move then goes through CMA (qp->local_odp).
+      if (!local_range_mapped(reinterpret_cast<uintptr_t>(p), sg[k].length)) return false;
+      qp->local_odp = true;
+      if (odp) *odp = true;
+    }
     local[(*n)++] = {const_cast<void*>(p), sg[k].length};
   }
   return true;
@@ -784,7 +818,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       direct_iov[nremote] = {r.local, take};
       host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
       ++nremote;
-      direct = direct && r.local;
+      direct = direct && r.local && !qp->local_odp;  // ODP memory on either side: CMA
       room += take;
       need -= take;
     }
@@ -926,6 +960,10 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm, t->qpn);
   };
   auto move_failed = [&](int rc) -> Exec {
+    // EFAULT on an on-demand MR: its memory is not mapped (an access error);
+    // our own ODP SGEs were checked mapped before, so the fault is theirs.
+    if (rc == EFAULT && rm.odp) return fail(IBV_WC_REM_ACCESS_ERR);
+    if (rc == EFAULT && qp->local_odp) return fail(IBV_WC_LOC_PROT_ERR);
     return fail((rc == ESRCH || rc == EPERM) ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_OP_ERR);
   };
 
@@ -933,14 +971,16 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   if (s->opcode == IBV_WR_RDMA_WRITE || s->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_WRITE, len)) return fail(IBV_WC_REM_ACCESS_ERR);
-      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_out(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1, true)) return move_failed(rc);
+      const bool direct = rm.local && !qp->local_odp;
+      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_out(mpeer.pid, direct, local, nlocal, &remote, 1, true)) return move_failed(rc);
     }
   } else if (s->opcode == IBV_WR_RDMA_READ) {
     if (len) {
       if (!remote_access(IBV_ACCESS_REMOTE_READ, len)) return fail(IBV_WC_REM_ACCESS_ERR);
-      IoVec remote{rm.local ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      if (int rc = move_in(mpeer.pid, rm.local != nullptr, local, nlocal, &remote, 1)) return move_failed(rc);
+      const bool direct = rm.local && !qp->local_odp;
+      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      if (int rc = move_in(mpeer.pid, direct, local, nlocal, &remote, 1)) return move_failed(rc);
     }
   } else if (is_atomic(s->opcode)) {
     if (s->remote_addr % 8) return fail(IBV_WC_REM_INV_REQ_ERR);
@@ -964,7 +1004,8 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
       if (areg.lock_atomic(stripe) != 0) return fail(IBV_WC_REM_OP_ERR);
       uint64_t next = 0;
       IoVec mine{&old, 8}, theirs{reinterpret_cast<void*>(rm.host), 8};
-      int rc = move_in(mpeer.pid, mpeer.self_process, &mine, 1, &theirs, 1);
+      const bool same = mpeer.self_process && !rm.odp;
+      int rc = move_in(mpeer.pid, same, &mine, 1, &theirs, 1);
       if (rc == 0) {
         bool store = true;
         if (s->opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
@@ -974,12 +1015,17 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
           next = old + s->compare_add;
         }
         IoVec nv{&next, 8};
-        if (store) rc = move_out(mpeer.pid, mpeer.self_process, &nv, 1, &theirs, 1, false);
+        if (store) rc = move_out(mpeer.pid, same, &nv, 1, &theirs, 1, false);
       }
       areg.unlock_atomic(stripe);
       if (rc) return move_failed(rc);
     }
-    std::memcpy(local[0].base, &old, 8);
+    if (qp->local_odp) {  // our ODP result buffer: written through CMA too
+      IoVec src{&old, 8};
+      if (int rc = move_out(::getpid(), false, &src, 1, &local[0], 1, false)) return move_failed(rc);
+    } else {
+      std::memcpy(local[0].base, &old, 8);
+    }
   }
 
   if (!consumes_recv(s->opcode)) {

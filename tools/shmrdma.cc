@@ -566,6 +566,7 @@ const char* tier_why_name(uint16_t why) {
     case shmrdma::layout::kTierWhyKernel: return "the kernel refused the move";
     case shmrdma::layout::kTierWhyResources: return "out of regions, descriptors or memory";
     case shmrdma::layout::kTierWhyWindow: return "unbound memory window";
+    case shmrdma::layout::kTierWhyOdp: return "on-demand paging (CMA only)";
     default: return "unknown";
   }
 }

@@ -39,12 +39,14 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept {
   ah->ibv.pd = pd;
   ah->ibv.handle = 0;
   ah->av = av;
+  pd_hold(pd);
   return &ah->ibv;
 }
 
 int destroy_ah(ibv_ah* ibah) noexcept {
   Ah* ah = to_ah(ibah);
   if (int rc = to_ctx(ibah->context)->core->destroy_ah(to_pd(ibah->pd)->index)) return rc;
+  pd_release(ibah->pd);
   delete ah;
   return 0;
 }

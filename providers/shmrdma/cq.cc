@@ -2,6 +2,7 @@
 // poll API), resize, arming (req_notify_cq), completion events, and the
 // completion channel entry points the shim calls (shim_abi.h).
 #include <climits>
+#include <ctime>
 #include <cerrno>
 #include <new>
 
@@ -105,6 +106,12 @@ bool pop_one(Cq* cq) {
   layout::Cqe c;
   if (to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c) != 1) return false;
   to_wc(c, &cq->cur);
+  // Producers stamp when they push; two racing producers may land in the
+  // ring in the other order. A completion is visible only after those
+  // before it in the ring, so the later stamp bounds it: stamps stay
+  // monotonic in the order they are polled.
+  cq->last_ts = std::max(cq->last_ts, c.timestamp);
+  cq->cur_ts = cq->last_ts;
   cq->vcq.cq_ex.wr_id = cq->cur.wr_id;
   cq->vcq.cq_ex.status = cq->cur.status;
   return true;
@@ -135,6 +142,16 @@ unsigned int read_wc_flags(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.wc_f
 uint32_t read_slid(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.slid; }
 uint8_t read_sl(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.sl; }
 uint8_t read_dlid_path_bits(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur.dlid_path_bits; }
+uint64_t read_completion_ts(ibv_cq_ex* c) noexcept { return to_cq_ex(c)->cur_ts; }
+// The device clock is CLOCK_MONOTONIC: its wall-clock time is the stamp plus
+// the current offset of CLOCK_REALTIME from it.
+uint64_t read_completion_wallclock_ns(ibv_cq_ex* c) noexcept {
+  timespec mono{}, real{};
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  clock_gettime(CLOCK_REALTIME, &real);
+  const int64_t offset = (int64_t{real.tv_sec} - int64_t{mono.tv_sec}) * 1000000000 + (real.tv_nsec - mono.tv_nsec);
+  return static_cast<uint64_t>(static_cast<int64_t>(to_cq_ex(c)->cur_ts) + offset);
+}
 
 // ------------------------------------------------- shim entry points
 
@@ -187,11 +204,21 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
     errno = EINVAL;
     return nullptr;
   }
-  // Timestamps, CVLAN, flow tags and tag matching are not supported, nor
-  // parent domains; UCX and others fall back to ibv_create_cq on EOPNOTSUPP.
-  if ((attr->wc_flags & ~uint64_t{IBV_WC_STANDARD_FLAGS}) ||
-      (attr->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS})) {
+  // Completion timestamps (device clock and wall clock) are supported; CVLAN,
+  // flow tags and tag matching are not, nor parent domains; UCX and others
+  // fall back to ibv_create_cq on EOPNOTSUPP.
+  constexpr uint64_t kTimestampFlags =
+      IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  if ((attr->wc_flags & ~(uint64_t{IBV_WC_STANDARD_FLAGS} | kTimestampFlags)) ||
+      (attr->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD})) {
     errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // A parent domain (pd.cc) has no allocators here: nothing to take from it,
+  // but it must be one of ours.
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (!attr->parent_domain || attr->parent_domain->context != ibctx || !to_pd(attr->parent_domain)->parent)) {
+    errno = EINVAL;
     return nullptr;
   }
   uint32_t flags = 0;
@@ -202,6 +229,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
     }
     if (attr->flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) flags |= layout::kCqIgnoreOverrun;
   }
+  if (attr->wc_flags & kTimestampFlags) flags |= layout::kCqTimestamp;
   if (attr->cqe > static_cast<uint32_t>(INT_MAX) || attr->comp_vector > static_cast<uint32_t>(INT_MAX)) {
     errno = EINVAL;
     return nullptr;
@@ -209,6 +237,10 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
   Cq* cq = create_common(ibctx, static_cast<int>(attr->cqe), attr->channel, static_cast<int>(attr->comp_vector),
                          flags);
   if (!cq) return nullptr;
+  if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    cq->parent_domain = attr->parent_domain;
+    pd_hold(cq->parent_domain);
+  }
   ibv_cq_ex& x = cq->vcq.cq_ex;
   x.comp_mask = 0;
   x.start_poll = start_poll;
@@ -224,6 +256,11 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
   x.read_slid = read_slid;
   x.read_sl = read_sl;
   x.read_dlid_path_bits = read_dlid_path_bits;
+  // Only what the CQ was created with can be read (ibv_create_cq_ex(3)), as
+  // with mlx5: the timestamp readers of other CQs stay NULL.
+  if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) x.read_completion_ts = read_completion_ts;
+  if (attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+    x.read_completion_wallclock_ns = read_completion_wallclock_ns;
   return &x;
 }
 
@@ -236,6 +273,7 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   pthread_mutex_lock(&ibcq->mutex);
   while (ibcq->comp_events_completed != cq->events_reported) pthread_cond_wait(&ibcq->cond, &ibcq->mutex);
   pthread_mutex_unlock(&ibcq->mutex);
+  pd_release(cq->parent_domain);
   delete cq;
   return 0;
 }

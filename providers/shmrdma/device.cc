@@ -6,10 +6,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "provider.h"
 
 namespace shmrdma::provider {
+
+constexpr uint64_t kDeviceClockKhz = 1000000;  // CLOCK_MONOTONIC ns: a 1 GHz clock
 
 int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
                     size_t attr_size) noexcept {
@@ -68,9 +71,41 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input* input, 
   a.rss_caps.max_rwq_indirection_table_size = limits::kMaxRwqIndTableSize;
   a.max_wq_type_rq = limits::kMaxWq;
   a.phys_port_cnt_ex = dev.num_ports;
+  // Completion timestamps: the device clock is CLOCK_MONOTONIC in ns (1 GHz),
+  // all 64 bits (cq.cc; ibv_query_rt_values_ex reads it).
+  a.hca_core_clock = kDeviceClockKhz;
+  a.completion_timestamp_mask = ~uint64_t{0};
+  a.max_dm_size = limits::kMaxDmSize;  // per context (dm.cc)
+  // On-demand paging (src/mr.cc): explicit and implicit ODP MRs, reached by
+  // every operation of every transport through CMA (an unmapped page is an
+  // access error, never a fault).
+  a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  const uint32_t all = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                       IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.rc_odp_caps = all;
+  a.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                                              IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.xrc_odp_caps = all;
   // Callers built against older headers pass a smaller struct: never write
   // past what they gave us.
   std::memcpy(attr, &a, std::min(attr_size, sizeof a));
+  return 0;
+}
+
+// ibv_query_rt_values_ex: the device clock now (raw_clock in cycles, which
+// are ns; tv_sec 0, as mlx5 reports it). comp_mask says what was filled.
+int query_rt_values(ibv_context*, ibv_values_ex* values) noexcept {
+  if (!values) return EINVAL;
+  uint32_t done = 0;
+  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    values->raw_clock.tv_sec = 0;
+    values->raw_clock.tv_nsec = static_cast<long>(ts.tv_sec) * 1000000000L + ts.tv_nsec;
+    done |= IBV_VALUES_MASK_RAW_CLOCK;
+  }
+  values->comp_mask = done;
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // Memory regions.
 #include <cerrno>
 #include <new>
+#include <vector>
 
 #include "provider.h"
 
@@ -37,12 +38,15 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
   mr->vmr.ibv_mr.rkey = mr->info.rkey;
   mr->vmr.mr_type = IBV_MR_TYPE_MR;
   mr->vmr.access = access;
+  pd_hold(ibpd);
   return &mr->vmr.ibv_mr;
 }
 
 int dereg_mr(verbs_mr* vmr) noexcept {
   Mr* mr = to_mr(vmr);
   if (int rc = to_ctx(vmr->ibv_mr.context)->core->destroy_mr(mr->info.index)) return rc;
+  if (mr->dm) mr->dm->mrs.fetch_sub(1, std::memory_order_acq_rel);
+  pd_release(vmr->ibv_mr.pd);
   delete mr;
   return 0;
 }
@@ -51,6 +55,10 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   Mr* mr = to_mr(vmr);
   uint32_t pd_index = (flags & IBV_REREG_MR_CHANGE_PD) && pd ? to_pd(pd)->index : 0;
   if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != vmr->ibv_mr.context)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (mr->dm && (flags & IBV_REREG_MR_CHANGE_TRANSLATION)) {  // a DM MR stays on its device memory
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }
@@ -63,8 +71,38 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
   }
   vmr->ibv_mr.lkey = mr->info.lkey;
   vmr->ibv_mr.rkey = mr->info.rkey;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {  // libibverbs sets mr->pd = pd after we return
+    pd_hold(pd);
+    pd_release(vmr->ibv_mr.pd);
+  }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
   return 0;
+}
+
+static_assert(kAdvisePrefetch == IBV_ADVISE_MR_ADVICE_PREFETCH &&
+              kAdvisePrefetchWrite == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+              kAdvisePrefetchNoFault == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT &&
+              kAdviseFlagFlush == IB_UVERBS_ADVISE_MR_FLAG_FLUSH);
+
+// ibv_advise_mr (core: LocalContext::advise_mr).
+int advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list, uint32_t num_sge) noexcept {
+  if (!pd || !sg_list || num_sge == 0) return EINVAL;
+  std::vector<uint64_t> addrs;
+  std::vector<uint32_t> lengths, lkeys;
+  try {
+    addrs.resize(num_sge);
+    lengths.resize(num_sge);
+    lkeys.resize(num_sge);
+  } catch (...) {
+    return ENOMEM;
+  }
+  for (uint32_t k = 0; k < num_sge; ++k) {
+    addrs[k] = sg_list[k].addr;
+    lengths[k] = sg_list[k].length;
+    lkeys[k] = sg_list[k].lkey;
+  }
+  return to_ctx(pd->context)->core->advise_mr(to_pd(pd)->index, static_cast<uint32_t>(advice), flags, addrs.data(),
+                                              lengths.data(), lkeys.data(), num_sge);
 }
 
 // Memory windows (core: src/mw.cc).
@@ -90,12 +128,14 @@ ibv_mw* alloc_mw(ibv_pd* ibpd, ibv_mw_type type) noexcept {
   mw->ibv.rkey = info.rkey;
   mw->ibv.handle = info.index;
   mw->ibv.type = type;
+  pd_hold(ibpd);
   return &mw->ibv;
 }
 
 int dealloc_mw(ibv_mw* ibmw) noexcept {
   Mw* mw = to_mw(ibmw);
   if (int rc = to_ctx(ibmw->context)->core->destroy_mw(mw->index)) return rc;
+  pd_release(ibmw->pd);
   delete mw;
   return 0;
 }

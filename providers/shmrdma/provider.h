@@ -17,19 +17,39 @@ namespace shmrdma::provider {
 struct Context {
   verbs_context vctx;  // must be first: libibverbs allocates this struct for us
   LocalContext* core;
+  // Device memory this context holds (dm.cc), at most limits::kMaxDmSize.
+  // libibverbs zero-allocates the struct: no constructor runs.
+  std::atomic<uint64_t> dm_bytes;
 };
 static_assert(offsetof(Context, vctx) == 0);
 
 struct Pd {
   ibv_pd ibv;
-  uint32_t index;
+  uint32_t index;  // the core's PD (a parent domain's: its PD's)
+  // A parent domain (pd.cc) is a Pd too, so every object created with it
+  // uses its PD's index unchanged; `parent` is that PD (nullptr for a PD).
+  Pd* parent = nullptr;
+  void* pd_context = nullptr;
+  std::atomic<uint32_t> parents{0};  // parent domains over this PD: dealloc_pd is EBUSY
+  std::atomic<uint32_t> users{0};    // a parent domain's objects: its dealloc_pd is EBUSY
 };
+// Objects created with a parent domain count on it (a PD's own objects are
+// counted by the core).
+inline void pd_hold(ibv_pd* p) noexcept {
+  if (p && reinterpret_cast<struct Pd*>(p)->parent) reinterpret_cast<struct Pd*>(p)->users.fetch_add(1);
+}
+inline void pd_release(ibv_pd* p) noexcept {
+  if (p && reinterpret_cast<struct Pd*>(p)->parent) reinterpret_cast<struct Pd*>(p)->users.fetch_sub(1);
+}
+ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept;
 
 struct Cq {
   verbs_cq vcq;
   CqInfo info;
   std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
   ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
+  uint64_t cur_ts = 0;   // its completion timestamp (device clock: CLOCK_MONOTONIC ns)
+  uint64_t last_ts = 0;  // the latest handed out: a CQ's stamps never go back (under poll_lock)
   uint32_t events_reported = 0;  // completion events handed out (under vcq.cq.mutex); destroy waits for their acks
   // Empty polls that skipped the lock (cq.cc nothing_ready): a racy count is
   // fine, it only spaces out the locked polls that watch for a dead producer.
@@ -39,6 +59,7 @@ struct Cq {
   // a lock-free reader never sees a view being rewritten.
   std::atomic<const Ring*> peek_view{nullptr};
   std::vector<std::unique_ptr<Ring>> views;  // under poll_lock
+  ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD
 };
 
 struct Wq {
@@ -46,10 +67,30 @@ struct Wq {
   WqInfo info;
 };
 
+struct Dm;
 struct Mr {
   verbs_mr vmr;
   MrInfo info;
+  Dm* dm = nullptr;  // ibv_reg_dm_mr: the device memory it covers
 };
+
+// Device memory (dm.cc): a page-aligned private mapping of this process that
+// the application reaches only through ibv_memcpy_to/from_dm and MRs
+// registered with ibv_reg_dm_mr (zero-based).
+struct Dm {
+  ibv_dm ibv;
+  uint8_t* base = nullptr;  // aligned as log_align_req asked
+  uint64_t length = 0;      // what was asked for
+  void* map = nullptr;      // the whole mapping
+  size_t map_len = 0;
+  uint64_t charged = 0;     // bytes counted in Context::dm_bytes
+  std::atomic<uint32_t> mrs{0};  // MRs on it: ibv_free_dm is EBUSY while any exists
+};
+inline Dm* to_dm(ibv_dm* d) noexcept { return reinterpret_cast<Dm*>(d); }
+// dm.cc
+ibv_dm* alloc_dm(ibv_context*, ibv_alloc_dm_attr*) noexcept;
+int free_dm(ibv_dm*) noexcept;
+ibv_mr* reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int) noexcept;
 
 // A memory window (mr.cc): index of its entry in the core's MR table.
 struct Mw {
@@ -122,6 +163,7 @@ inline IndTable* to_ind(ibv_rwq_ind_table* t) noexcept { return reinterpret_cast
 // device.cc
 int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t) noexcept;
 int query_port(ibv_context*, uint8_t, ibv_port_attr*) noexcept;
+int query_rt_values(ibv_context*, ibv_values_ex*) noexcept;
 // pd.cc
 ibv_pd* alloc_pd(ibv_context*) noexcept;
 int dealloc_pd(ibv_pd*) noexcept;
@@ -137,6 +179,7 @@ void cq_event(ibv_cq*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
+int advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) noexcept;
 ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type) noexcept;
 int dealloc_mw(ibv_mw*) noexcept;
 int bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) noexcept;

@@ -222,6 +222,7 @@ ibv_qp* create(ibv_context* ibctx, ibv_pd* pd, const ibv_qp_init_attr& attr, voi
   pthread_mutex_init(&q.mutex, nullptr);
   pthread_cond_init(&q.cond, nullptr);
   q.events_completed = 0;
+  pd_hold(pd);
   return &q;
 }
 
@@ -343,6 +344,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
   if (core_qp->user == ibqp && core_qp->handles > 1) core_qp->user = nullptr;  // another handle outlives this one
   if (int rc = to_ctx(ibqp->context)->core->destroy_qp(core_qp, qp->xrcd)) return rc;
   free_qp_ex(qp);  // qp_ex.cc
+  pd_release(ibqp->pd);
   delete qp;
   return 0;
 }

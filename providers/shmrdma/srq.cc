@@ -50,6 +50,7 @@ ibv_srq* create(ibv_context* ibctx, ibv_pd* pd, ibv_srq_attr* attr, void* srq_co
   srq->vsrq.cq = cq;
   srq->vsrq.srq_num = srq->info.srq_num;
   core->set_srq_user(srq->info.index, &s);
+  pd_hold(pd);
   return &s;
 }
 
@@ -130,6 +131,7 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
   if (int rc = to_ctx(ibsrq->context)->core->destroy_srq(srq->info.index)) return rc;
   pthread_cond_destroy(&ibsrq->cond);
   pthread_mutex_destroy(&ibsrq->mutex);
+  pd_release(ibsrq->pd);
   delete srq;
   return 0;
 }

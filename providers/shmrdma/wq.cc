@@ -81,6 +81,7 @@ ibv_wq* create_wq(ibv_context* ibctx, ibv_wq_init_attr* attr) noexcept {
   wq->ibv.state = IBV_WQS_RESET;
   wq->ibv.wq_type = IBV_WQT_RQ;
   wq->ibv.post_recv = post_wq_recv;
+  pd_hold(attr->pd);
   return &wq->ibv;
 }
 
@@ -101,6 +102,7 @@ int modify_wq(ibv_wq* ibwq, ibv_wq_attr* attr) noexcept {
 int destroy_wq(ibv_wq* ibwq) noexcept {
   Wq* wq = to_wq(ibwq);
   if (int rc = to_ctx(ibwq->context)->core->destroy_wq(wq->info.index)) return rc;
+  pd_release(ibwq->pd);
   delete wq;
   return 0;
 }
