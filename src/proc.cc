@@ -60,7 +60,10 @@ bool process_alive(pid_t pid, uint64_t start_time) noexcept {
 
 ProcessId self_process() noexcept {
   // getpid() is cheap; the start time only changes with the pid (fork).
-  static thread_local ProcessId cached{0, 0};
+  // initial-exec: 16 bytes of static TLS, so the dlopen'ed provider never
+  // calls __tls_get_addr here (LeakSanitizer of GCC 12 misreads the dynamic
+  // TLS blocks of glibc 2.36 at exit and aborts the process).
+  static thread_local ProcessId cached __attribute__((tls_model("initial-exec"))){0, 0};
   pid_t now = ::getpid();
   if (cached.pid != now) cached = ProcessId{now, process_start_time(now)};
   return cached;
