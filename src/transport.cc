@@ -92,6 +92,9 @@ bool v4_mapped(const uint8_t g[16]) {
 // multicast address mapped (::ffff:224.0.0.0/4).
 bool roce_multicast_gid(const uint8_t g[16]) { return g[0] == 0xff || (v4_mapped(g) && (g[12] & 0xf0) == 0xe0); }
 
+// RoCE packet types of a UD receive completion's sl (build_roce_grh).
+constexpr uint8_t kRocePktGrh = 0x0, kRocePktIpv6 = 0x1, kRocePktIpv4 = 0x2, kRocePktUdp = 0x8;
+
 void put16(uint8_t* p, uint32_t v) {
   p[0] = static_cast<uint8_t>(v >> 8);
   p[1] = static_cast<uint8_t>(v);
@@ -105,8 +108,14 @@ void put16(uint8_t* p, uint32_t v) {
 // whose next header says the GID type (UDP 17 for RoCE v2, 0x1B for RoCE v1).
 // Lengths are those of the packet (UDP 8 + BTH 12 + DETH 8 [+ ImmDt 4] +
 // payload + ICRC 4).
-void build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgid_type, uint64_t len, bool imm,
-                    uint8_t grh[kGrhBytes]) {
+//
+// Returns the RoCE packet type a UD receive completion reports in its sl
+// (what mlx5, the reference RoCE adapter, writes there on Ethernet, where the
+// IB service level is not carried: bit 3 set for a UDP-encapsulated RoCE v2
+// frame, bits 2:0 the L3 header: 0 GRH (RoCE v1), 1 IPv6, 2 IPv4). UCX's
+// ud_verbs reads it to know where the destination address sits in the area.
+uint8_t build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgid_type, uint64_t len, bool imm,
+                       uint8_t grh[kGrhBytes]) {
   std::memset(grh, 0, kGrhBytes);
   const uint32_t transport = 12 + 8 + (imm ? 4 : 0) + static_cast<uint32_t>(len) + 4;
   const bool v2 = sgid_type == layout::kGidTypeRoceV2;
@@ -124,7 +133,7 @@ void build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgi
     for (int i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
     while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
     put16(ip + 10, ~sum & 0xffff);
-    return;
+    return kRocePktUdp | kRocePktIpv4;
   }
   uint32_t w0 = htobe32((6u << 28) | (uint32_t{av.traffic_class} << 20) | (av.flow_label & 0xfffff));
   std::memcpy(grh, &w0, 4);
@@ -133,6 +142,7 @@ void build_roce_grh(const AddressVector& av, const uint8_t sgid[16], uint8_t sgi
   grh[7] = av.hop_limit;
   std::memcpy(grh + 8, sgid, 16);
   std::memcpy(grh + 24, av.dgid, 16);
+  return v2 ? kRocePktUdp | kRocePktIpv6 : kRocePktGrh;
 }
 
 }  // namespace
@@ -1125,7 +1135,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
   if (eth) cqe.wc_flags = IBV_WC_GRH;  // the area is written below, once the source GID is known
   cqe.src_qp = qp->qpn;
   cqe.slid = dev.ports[sport - 1].lid;
-  cqe.sl = av.sl;
+  cqe.sl = av.sl;  // on Ethernet the RoCE packet type instead (build_roce_grh)
   cqe.pkey_index = 0;
   cqe.opcode = IBV_WC_RECV;
   if (s->send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
@@ -1184,7 +1194,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
       *status = IBV_WC_LOC_LEN_ERR;
       return Exec::kError;
     }
-    if (eth && qp->peer_dev) build_roce_grh(av, qp->ud_sgid, qp->ud_sgid_type, len, imm, grh);
+    if (eth && qp->peer_dev) cqe.sl = build_roce_grh(av, qp->ud_sgid, qp->ud_sgid_type, len, imm, grh);
     if (!qp->peer_dev) return count::ud_invalid(cnt_, qp, s, true), Exec::kDone;  // counters: nobody has it
     // The cached peer is still that context while its registry slot keeps
     // the generation (a shared-memory read; Peer::alive reads /proc).
@@ -1199,7 +1209,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     // Our source GID for the GRH area (a snapshot of our port's table).
     PortNetView v;
     if (registry_.port_net(sport, &v) != 0 || !v.valid(av.sgid_index)) return Exec::kDone;  // no source: dropped
-    build_roce_grh(av, v.gids[av.sgid_index].gid, v.gids[av.sgid_index].type, len, imm, grh);
+    cqe.sl = build_roce_grh(av, v.gids[av.sgid_index].gid, v.gids[av.sgid_index].type, len, imm, grh);
   }
   // Members may be on any device of the home: each keeps its groups in its
   // registry (on Ethernet groups are MGIDs alone: the LID is 0).

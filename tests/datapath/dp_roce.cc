@@ -15,7 +15,7 @@
 //    deadline; UD to an unknown GID: the send completes, nothing arrives.
 //  - pair (server nsB, client nsA): UD with GRH byte for byte, the GRH area
 //    (20 zero bytes, the IPv4 header at offset 20 with a valid checksum),
-//    wc.slid 0, IBV_WC_GRH; the reply through ibv_create_ah_from_wc;
+//    wc.slid 0, IBV_WC_GRH, wc.sl the RoCE packet type; the reply through ibv_create_ah_from_wc;
 //    multicast to ::ffff:224.1.2.3 and ff0e::1:2 with members in both
 //    namespaces; RC SEND / WRITE / READ / atomics over GIDs byte for byte;
 //    then the server removes the address whose GID the client's RC and UD
@@ -326,11 +326,16 @@ void check_v4_grh(const uint8_t* g, const uint8_t sgid[16], const uint8_t dgid[1
           hex(dgid + 12, 4).c_str());
 }
 
-void check_ud_wc(const ibv_wc& wc, uint32_t src_qp, uint32_t len, const char* what) {
+// On Ethernet a UD receive completion's sl is the RoCE packet type, as mlx5
+// reports it (UCX's ud_verbs reads it): 0x8 RoCE v2 (UDP) | L3 header 2 IPv4
+// or 1 IPv6. The sender's sl (3) is not carried.
+constexpr uint8_t kPktV2Ipv4 = 0xa, kPktV2Ipv6 = 0x9;
+
+void check_ud_wc(const ibv_wc& wc, uint32_t src_qp, uint32_t len, const char* what, uint8_t want_sl = kPktV2Ipv4) {
   REQUIRE(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV, "%s: %s", what, dp::wc_str(wc).c_str());
   REQUIRE(wc.wc_flags & IBV_WC_GRH, "%s: no IBV_WC_GRH", what);
   REQUIRE(wc.slid == 0, "%s: slid %u, want 0 on Ethernet", what, wc.slid);
-  REQUIRE(wc.sl == 3, "%s: sl %u, want 3", what, wc.sl);
+  REQUIRE(wc.sl == want_sl, "%s: sl %#x, want the RoCE packet type %#x", what, wc.sl, want_sl);
   REQUIRE(wc.src_qp == src_qp, "%s: src_qp %u, want %u", what, wc.src_qp, src_qp);
   REQUIRE(wc.byte_len == len + 40, "%s: byte_len %u, want %u", what, wc.byte_len, len + 40);
 }
@@ -400,7 +405,7 @@ int pair_server() {
   say('M');
   for (int i = 0; i < 2; ++i) {
     ibv_wc m = wait_wc(e.cq, "a multicast message");
-    check_ud_wc(m, cl.ud_qpn, 300, "multicast");
+    check_ud_wc(m, cl.ud_qpn, 300, "multicast", m.wr_id == 200 ? kPktV2Ipv4 : kPktV2Ipv6);
     REQUIRE(same_pattern(e.buf + (m.wr_id - 200) * 2048 + 40, 300, 50 + i), "multicast %d: payload differs", i);
   }
   expect_silence(e.cq, "after the multicast messages (each group once)");
@@ -490,7 +495,7 @@ int pair_client() {
         sent = true;
       } else {
         REQUIRE(m.qp_num == ud2->qp_num, "multicast arrived at QP %u", m.qp_num);
-        check_ud_wc(m, ud->qp_num, 300, "multicast (local member)");
+        check_ud_wc(m, ud->qp_num, 300, "multicast (local member)", i == 0 ? kPktV2Ipv4 : kPktV2Ipv6);
         got = true;
       }
     }
