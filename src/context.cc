@@ -64,7 +64,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   h->qp_counters = c->layout_.qp_counters;
   c->cnt_.attach(c->map_.at<layout::ContextCounters>(c->layout_.counters),
                  c->map_.at<layout::QpCounterRecord>(c->layout_.qp_counters), c->layout_.qp_slots,
-                 c->registry_.device());
+                 c->registry_.device(), &c->dir_);
   // Tables start zeroed (a new file reads as zeros): every entry is kFree.
   c->heap_.reset(c->layout_.heap_offset, c->layout_.heap_size);
   rc = create_async_fifo(c->map_.path() + kAsyncSuffix, &c->async_read_fd_, &c->async_write_fd_);
@@ -100,9 +100,13 @@ LocalContext::~LocalContext() {
   // the critical section that frees the slot (counters.h), before the
   // segment goes: a reader summing under the registry lock sees it exactly once.
   const bool counted = counting_ && registry_.valid();
+  std::vector<uint32_t> foreign;
   if (registry_.valid()) {
     std::vector<PortCounters> totals;
-    if (counting_) totals = cnt_.totals();
+    if (counting_) {
+      foreign = cnt_.fold_foreign();  // what we counted for other devices of the home goes to them
+      totals = cnt_.totals();
+    }
     registry_.unregister_context(slot_, generation_, totals.data(), static_cast<uint32_t>(totals.size()));
   }
   if (map_.base()) {
@@ -112,6 +116,8 @@ LocalContext::~LocalContext() {
     ::unlink((path + kAsyncSuffix).c_str());
   }
   if (counted) (void)refresh_counters(registry_, nullptr);  // the sysfs snapshot (device_setup.cc)
+  for (uint32_t id : foreign)  // and theirs
+    if (HomeDevice* d = dir_.by_id(id); d && !d->self) (void)refresh_counters(*d->registry, nullptr);
 }
 
 int LocalContext::charge(layout::ObjKind k, uint32_t limit) noexcept {

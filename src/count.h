@@ -17,10 +17,13 @@
 //    when none does);
 //  - RNR NAKs: one when a send first finds no receive, one more per RNR
 //    timer period it keeps waiting (at most rnr_retry + 1 unless infinite);
-//  - acknowledgements are not modelled (no packets counted for them).
+//  - acknowledgements are not modelled (no packets counted for them);
+//  - a destination on another device of the home is counted for its port
+//    there (a foreign label, counters.h), as one on ours is for ours.
 #pragma once
 
 #include "counters.h"
+#include "directory.h"
 #include "qp.h"
 
 namespace shmrdma::count {
@@ -30,6 +33,19 @@ inline void bump(std::atomic<uint64_t>& a, uint64_t n) noexcept {
 }
 
 inline bool multicast_lid(uint16_t lid) noexcept { return lid >= 0xc000 && lid <= 0xfffe; }
+
+// QpCounting's destination label for the QP's current peer_dev / peer_port
+// (configure, and sent when the path was resolved later).
+void relabel(Qp* qp) noexcept;
+
+// The group kGroupRemote of record `rec` for port `port` of device `dev`
+// (nullptr / ours: our port; another device: its foreign label).
+inline std::atomic<uint64_t>* remote_group(CounterSink& k, layout::QpCounterRecord* rec, const HomeDevice* dev,
+                                           uint32_t port) noexcept {
+  if (!dev || dev->self) [[likely]]
+    return k.group(rec, layout::kGroupRemote, port);
+  return k.group(rec, layout::kGroupRemote, foreign_label(dev->home_id, port), device_tag(dev->record()));
+}
 
 // progress: WQE s of qp executed successfully (Exec::kDone).
 inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
@@ -50,7 +66,9 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
     if (multicast_lid(s->av.dlid)) bump(l[layout::kCntMcastXmitPkts], 1);
     return;  // its destinations count in ud_arrived
   }
-  std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport);
+  if (qp->peer_dev != q.rdev) [[unlikely]]
+    relabel(qp);
+  std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag);
   if (!r) return;
   bump(r[layout::kCntRcvPkts], req_pkts);
   bump(r[layout::kCntRcvBytes], req_bytes);
@@ -63,23 +81,28 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
   }
 }
 
-// The port the destination QP t receives on: UD its own port (untrusted,
-// checked by group()), the others the DLID's port.
-inline uint32_t dest_port(const Qp* qp, const layout::QpEntry* t) noexcept {
-  return qp->qp_type == IBV_QPT_UD ? uint32_t{t->port} : uint32_t{qp->cnt.rport};
+// deliver: a receive WQE of QP t (on device dev) completed successfully.
+// UD: t's own port (untrusted, checked by group()); the others the path's.
+inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t, const HomeDevice* dev) noexcept {
+  QpCounting& q = qp->cnt;
+  if (!q.rec) return;
+  std::atomic<uint64_t>* r = nullptr;
+  if (qp->qp_type == IBV_QPT_UD) {
+    r = remote_group(k, q.rec, dev, t->port);
+  } else {
+    if (qp->peer_dev != q.rdev) [[unlikely]]
+      relabel(qp);
+    r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag);
+  }
+  if (r) bump(r[layout::kCntRdmaRecvs], 1);
 }
 
-// deliver: a receive WQE of QP t completed successfully.
-inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t) noexcept {
+// execute_ud: UD message s reached QP t of device dev (no_recv: it had no
+// receive posted).
+inline void ud_arrived(CounterSink& k, Qp* qp, const SendSlot* s, const layout::QpEntry* t, const HomeDevice* dev,
+                       bool no_recv) noexcept {
   if (!qp->cnt.rec) return;
-  if (std::atomic<uint64_t>* r = k.group(qp->cnt.rec, layout::kGroupRemote, dest_port(qp, t)))
-    bump(r[layout::kCntRdmaRecvs], 1);
-}
-
-// execute_ud: UD message s reached QP t (no_recv: it had no receive posted).
-inline void ud_arrived(CounterSink& k, Qp* qp, const SendSlot* s, const layout::QpEntry* t, bool no_recv) noexcept {
-  if (!qp->cnt.rec) return;
-  std::atomic<uint64_t>* r = k.group(qp->cnt.rec, layout::kGroupRemote, t->port);
+  std::atomic<uint64_t>* r = remote_group(k, qp->cnt.rec, dev, t->port);
   if (!r) return;
   bump(r[layout::kCntRcvPkts], 1);
   bump(r[layout::kCntRcvBytes], s->length);
@@ -112,7 +135,9 @@ inline void rnr_nak(CounterSink& k, Qp* qp, uint64_t now, uint64_t period_ns, ui
   const uint64_t d = n - q.rnr_naks;
   q.rnr_naks = n;
   if (std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port)) bump(l[layout::kCntRnrNakRcvd], d);
-  if (std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport)) bump(r[layout::kCntRnrNakSent], d);
+  if (qp->peer_dev != q.rdev) [[unlikely]]
+    relabel(qp);
+  if (std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag)) bump(r[layout::kCntRnrNakSent], d);
 }
 
 // complete_send: a send completion with `status` (only errors count).

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "count.h"
+#include "device_setup.h"
+#include "registry.h"
 #include "segment.h"
 
 namespace shmrdma {
@@ -79,7 +81,8 @@ std::vector<NamedCounter> hw_counters(const PortCounters& c) {
 // ------------------------------------------------------------------- sink
 
 void CounterSink::attach(layout::ContextCounters* block, layout::QpCounterRecord* records, uint32_t slots,
-                         const layout::DeviceRecord& dev) noexcept {
+                         const layout::DeviceRecord& dev, DeviceDirectory* dir) noexcept {
+  dir_ = dir;
   block_ = block;
   records_ = records;
   slots_ = slots;
@@ -97,6 +100,21 @@ layout::QpCounterRecord* CounterSink::claim(uint32_t index) noexcept {
 
 void CounterSink::fold_group_locked(layout::QpCounterRecord* r, uint32_t g) noexcept {
   const uint32_t port = r->port[g].load(std::memory_order_relaxed);
+  if (is_foreign_label(port)) {
+    // Into the other device's foreign_counters, before the record is
+    // zeroed (both inside the fold's odd seq: add_foreign_counters).
+    uint64_t n[kCounters];
+    bool any = false;
+    for (uint32_t i = 0; i < kCounters; ++i) any |= (n[i] = r->v[g][i].load(std::memory_order_relaxed)) != 0;
+    if (any && dir_) {
+      HomeDevice* d = dir_->by_id(label_home_id(port));
+      if (d && !d->self && !d->gone.load(std::memory_order_relaxed) &&
+          device_tag(d->record()) == r->tag[g].load(std::memory_order_relaxed))
+        d->registry->add_foreign(label_port(port), n);  // else the device is gone, and its counters with it
+    }
+    for (uint32_t i = 0; i < kCounters; ++i) r->v[g][i].store(0, std::memory_order_relaxed);
+    return;
+  }
   for (uint32_t i = 0; i < kCounters; ++i) {
     const uint64_t n = r->v[g][i].load(std::memory_order_relaxed);
     if (n && port >= 1 && port <= nports_) block_->ports[port - 1][i].fetch_add(n, std::memory_order_relaxed);
@@ -115,12 +133,18 @@ void CounterSink::fold_group_locked(layout::QpCounterRecord* r, uint32_t g) noex
     block_->seq.store(s0 + 2, std::memory_order_release);                          \
   } while (0)
 
-std::atomic<uint64_t>* CounterSink::switch_port(layout::QpCounterRecord* r, uint32_t g, uint32_t port) noexcept {
-  if (port < 1 || port > nports_ || !block_) return nullptr;  // untrusted (a peer's QpEntry::port)
+std::atomic<uint64_t>* CounterSink::switch_port(layout::QpCounterRecord* r, uint32_t g, uint32_t label,
+                                                uint32_t tag) noexcept {
+  // Untrusted (a peer's QpEntry::port): a port of ours, or of another device.
+  const bool ok = is_foreign_label(label)
+                      ? label_port(label) >= 1 && label_port(label) <= limits::kMaxPorts && g == layout::kGroupRemote
+                      : label >= 1 && label <= nports_;
+  if (!ok || !block_) return nullptr;
   std::lock_guard lk(mu_);
   SHMRDMA_FOLD({
     fold_group_locked(r, g);
-    r->port[g].store(port, std::memory_order_relaxed);
+    r->tag[g].store(is_foreign_label(label) ? tag : 0, std::memory_order_relaxed);
+    r->port[g].store(label, std::memory_order_relaxed);
   });
   return r->v[g];
 }
@@ -132,8 +156,34 @@ void CounterSink::fold_record(layout::QpCounterRecord* r) noexcept {
     for (uint32_t g = 0; g < layout::kGroups; ++g) {
       fold_group_locked(r, g);
       r->port[g].store(0, std::memory_order_relaxed);
+      r->tag[g].store(0, std::memory_order_relaxed);
     }
   });
+}
+
+std::vector<uint32_t> CounterSink::fold_foreign() noexcept {
+  std::vector<uint32_t> homes;
+  if (!block_ || !records_) return homes;
+  std::lock_guard lk(mu_);
+  const uint32_t hwm = std::min(block_->qp_hwm.load(std::memory_order_relaxed), slots_);
+  for (uint32_t q = 0; q < hwm; ++q) {
+    layout::QpCounterRecord* r = records_ + q;
+    for (uint32_t g = 0; g < layout::kGroups; ++g) {
+      const uint32_t label = r->port[g].load(std::memory_order_relaxed);
+      if (!is_foreign_label(label)) continue;
+      SHMRDMA_FOLD({
+        fold_group_locked(r, g);
+        r->port[g].store(0, std::memory_order_relaxed);
+        r->tag[g].store(0, std::memory_order_relaxed);
+      });
+      try {
+        if (std::find(homes.begin(), homes.end(), label_home_id(label)) == homes.end())
+          homes.push_back(label_home_id(label));
+      } catch (...) {
+      }
+    }
+  }
+  return homes;
 }
 
 #undef SHMRDMA_FOLD
@@ -175,16 +225,28 @@ void send_error_slow(CounterSink& k, Qp* qp, uint32_t status) noexcept {
   if (status == IBV_WC_RNR_RETRY_EXC_ERR) bump(l[layout::kCntRnrRetryExc], 1);
 }
 
+void relabel(Qp* qp) noexcept {
+  QpCounting& q = qp->cnt;
+  q.rdev = qp->peer_dev;
+  q.rtag = 0;
+  if (qp->peer_dev && !qp->peer_dev->self) {
+    // A destination on another device of the home counts for its port there.
+    q.rport = foreign_label(qp->peer_dev->home_id, qp->peer_port);
+    q.rtag = device_tag(qp->peer_dev->record());
+  } else if (qp->peer_dev && qp->peer_port) {
+    q.rport = qp->peer_port;  // resolved (by LID or GID) on our own device
+  } else {
+    q.rport = q.dlid_port ? q.dlid_port : q.port;  // not resolved: the DLID's port, else (GRH only) ours
+  }
+}
+
 void configure(CounterSink& k, Qp* qp) noexcept {
   QpCounting& q = qp->cnt;
   const QpAttr& a = qp->attr;
   const uint32_t n = std::max<uint32_t>(k.nports(), 1);
   q.port = static_cast<uint8_t>(std::clamp<uint32_t>(a.port_num, 1, n));
-  const uint32_t dp = k.lid_port(a.dlid);
-  q.rport = dp ? static_cast<uint8_t>(dp) : q.port;  // a GRH-only path: the QP's own port
-  // A destination on another device of the home counts there, not for one
-  // of our ports: an invalid port makes group() give nothing (not counted).
-  if (qp->peer_dev && !qp->peer_dev->self) q.rport = kNotCounted;
+  q.dlid_port = static_cast<uint8_t>(k.lid_port(a.dlid));
+  relabel(qp);
   q.mtu_shift = qp->qp_type == IBV_QPT_UD
                     ? 12
                     : static_cast<uint8_t>(7 + std::clamp<uint32_t>(a.path_mtu, IBV_MTU_256, IBV_MTU_4096));
@@ -195,7 +257,7 @@ void configure(CounterSink& k, Qp* qp) noexcept {
 // ----------------------------------------------------------------- reading
 
 void sum_context_counters(const layout::ContextCounters* block, const layout::QpCounterRecord* records,
-                          uint32_t slots, uint32_t nports, PortCounters* out) noexcept {
+                          uint32_t slots, uint32_t nports, PortCounters* out, const ForeignFilter* foreign) noexcept {
   nports = std::min<uint32_t>(nports, limits::kMaxPorts);
   PortCounters tmp[limits::kMaxPorts];
   for (int attempt = 0; attempt < 1000; ++attempt) {
@@ -205,13 +267,20 @@ void sum_context_counters(const layout::ContextCounters* block, const layout::Qp
       continue;
     }
     for (uint32_t p = 0; p < nports; ++p) tmp[p] = PortCounters{};
-    for (uint32_t p = 0; p < nports; ++p)
-      for (uint32_t i = 0; i < kCounters; ++i) tmp[p].v[i] += block->ports[p][i].load(std::memory_order_relaxed);
+    if (!foreign)
+      for (uint32_t p = 0; p < nports; ++p)
+        for (uint32_t i = 0; i < kCounters; ++i) tmp[p].v[i] += block->ports[p][i].load(std::memory_order_relaxed);
     const uint32_t hwm = std::min(block->qp_hwm.load(std::memory_order_acquire), slots);
     for (uint32_t q = 0; q < hwm; ++q) {
       const layout::QpCounterRecord& r = records[q];
       for (uint32_t g = 0; g < layout::kGroups; ++g) {
-        const uint32_t port = r.port[g].load(std::memory_order_relaxed);
+        uint32_t port = r.port[g].load(std::memory_order_relaxed);
+        if (foreign) {
+          if (!is_foreign_label(port) || label_home_id(port) != foreign->home_id ||
+              r.tag[g].load(std::memory_order_relaxed) != foreign->tag)
+            continue;
+          port = label_port(port);
+        }
         if (port < 1 || port > nports) continue;
         for (uint32_t i = 0; i < kCounters; ++i) tmp[port - 1].v[i] += r.v[g][i].load(std::memory_order_relaxed);
       }
@@ -222,7 +291,8 @@ void sum_context_counters(const layout::ContextCounters* block, const layout::Qp
   for (uint32_t p = 0; p < nports; ++p) out[p] += tmp[p];
 }
 
-int sum_context_file(const std::string& path, uint32_t pid, uint32_t nports, PortCounters* out) noexcept {
+int sum_context_file(const std::string& path, uint32_t pid, uint32_t nports, PortCounters* out,
+                     const ForeignFilter* foreign) noexcept {
   Mapping m;
   int rc = Mapping::attach(path, layout::SegmentKind::kContext, 0, &m);
   if (rc) return rc;
@@ -233,8 +303,40 @@ int sum_context_file(const std::string& path, uint32_t pid, uint32_t nports, Por
       h->qp_slots != l.qp_slots || h->hdr.owner_pid != pid)
     return EPROTO;
   sum_context_counters(m.at<layout::ContextCounters>(l.counters), m.at<layout::QpCounterRecord>(l.qp_counters),
-                       l.qp_slots, nports, out);
+                       l.qp_slots, nports, out, foreign);
   return 0;
+}
+
+void add_foreign_counters(Registry& x, std::vector<PortCounters>* out) noexcept {
+  const uint32_t n = std::min<uint32_t>({x.device().num_ports, limits::kMaxPorts, static_cast<uint32_t>(out->size())});
+  const ForeignFilter f{x.device().home_id, device_tag(x.device())};
+  const std::string& home = x.paths().home;
+  try {
+    std::vector<std::string> names = list_devices(home);
+    std::vector<Registry> others;
+    for (const std::string& name : names) {
+      if (name == x.paths().name) continue;
+      Registry y;
+      if (Registry::attach(device_paths(home, name), &y) != 0 || y.device().home_id == f.home_id) continue;
+      others.push_back(std::move(y));
+    }
+    PortCounters before[limits::kMaxPorts], after[limits::kMaxPorts], sum[limits::kMaxPorts];
+    // Counts move from a record to foreign_counters inside the sender's
+    // fold seqlock: a fold between the two reads of foreign_counters shows
+    // as a change, and the snapshot is taken again (bounded).
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      for (uint32_t p = 0; p < n; ++p) before[p] = after[p] = sum[p] = PortCounters{};
+      x.read_foreign(before, n);
+      for (Registry& y : others) y.sum_foreign(f, n, sum);
+      x.read_foreign(after, n);
+      if (std::memcmp(before, after, sizeof(PortCounters) * n) == 0) break;
+    }
+    for (uint32_t p = 0; p < n; ++p) {
+      (*out)[p] += after[p];
+      (*out)[p] += sum[p];
+    }
+  } catch (...) {
+  }
 }
 
 }  // namespace shmrdma

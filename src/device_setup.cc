@@ -271,6 +271,7 @@ int raise_port_event(Registry& reg, uint32_t port, uint32_t event_type) {
 int refresh_counters(Registry& reg, std::vector<PortCounters>* out) {
   std::vector<PortCounters> c;
   if (int rc = reg.read_counters(&c)) return rc;
+  add_foreign_counters(reg, &c);  // what peers on other devices of the home sent us (counters.h)
   int rc = write_counter_files(reg.paths(), reg.device().num_ports, c);
   if (out) *out = std::move(c);
   return rc;

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 11;
+inline constexpr uint32_t kLayoutVersion = 12;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -88,16 +88,24 @@ static_assert(kCounters == 16);
 // destination lives on (what it receives, and the responses it sends): the
 // initiator executes, so it counts both ends. port[g] is the 1-based port
 // group g counts for (0: none yet); when it changes, the group is first
-// folded into the context's per-port block (ContextCounters). A separate
-// table from QpEntry, one record per cache-line multiple, so a peer reading
-// a QpEntry never shares a line with a record being written.
+// folded into the context's per-port block (ContextCounters). A destination
+// on another device of the home (a peer found by LID or GID there) is
+// counted for that device: port[g] is then foreign_label(its home_id, its
+// port) (> 0xff, so never one of ours) and tag[g] its device_tag
+// (counters.h); such a group folds into that device's
+// RegistrySegment::foreign_counters instead, and readers of that device sum
+// it from our segment. A separate table from QpEntry, one record per
+// cache-line multiple, so a peer reading a QpEntry never shares a line with
+// a record being written.
 inline constexpr uint32_t kGroupLocal = 0, kGroupRemote = 1, kGroups = 2;
 struct alignas(kCacheLine) QpCounterRecord {
   std::atomic<uint32_t> port[kGroups];
   std::atomic<uint64_t> v[kGroups][kCounters];
+  std::atomic<uint32_t> tag[kGroups];  // foreign labels only: the device's incarnation
 };
 static_assert(sizeof(QpCounterRecord) == 320);
 static_assert(offsetof(QpCounterRecord, v) == 8);
+static_assert(offsetof(QpCounterRecord, tag) == 8 + 8 * kGroups * kCounters);
 static_assert(std::is_standard_layout_v<QpCounterRecord>);
 
 // The per-port counts a context folded out of its QP records (destroyed QPs,
@@ -285,6 +293,11 @@ struct RegistrySegment {
   // after their process died), and link_downed; indexed port - 1. Changed
   // and read under `lock`.
   alignas(kCacheLine) uint64_t port_counters[limits::kMaxPorts][kCounters];
+  // Per-port counts that contexts of other devices of the home folded for
+  // our ports (traffic their QPs sent here: QPs destroyed, groups that moved
+  // to another destination, contexts closed), indexed port - 1. Lock-free:
+  // those contexts add with fetch_add, readers load (counters.h).
+  alignas(kCacheLine) std::atomic<uint64_t> foreign_counters[limits::kMaxPorts][kCounters];
   // GID table and link state per port (index port - 1), seqlocked (see
   // PortNet). Filled at creation for both personalities (IB: GID[0] =
   // fe80::/64 + port GUID, type IB), so a device is found by GID alike.
@@ -295,6 +308,7 @@ static_assert(offsetof(RegistrySegment, lock) == kCacheLine);
 static_assert(offsetof(RegistrySegment, next_qpn) % kCacheLine == 0);
 static_assert(std::is_trivially_copyable_v<pthread_mutex_t>);
 static_assert(offsetof(RegistrySegment, port_counters) % kCacheLine == 0);
+static_assert(offsetof(RegistrySegment, foreign_counters) % kCacheLine == 0);
 static_assert(offsetof(RegistrySegment, net) % kCacheLine == 0);
 
 inline constexpr uint64_t registry_size() {

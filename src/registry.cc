@@ -536,6 +536,21 @@ void Registry::add_totals(const PortCounters* counts, uint32_t n) noexcept {
       if (i != layout::kCntLinkDowned) seg()->port_counters[p][i] += counts[p].v[i];  // link_downed: ours alone
 }
 
+void Registry::add_foreign(uint32_t port, const uint64_t counts[layout::kCounters]) noexcept {
+  if (!valid() || port < 1 || port > std::min<uint32_t>(device_.num_ports, limits::kMaxPorts)) return;
+  for (uint32_t i = 0; i < layout::kCounters; ++i)
+    if (counts[i] && i != layout::kCntLinkDowned)
+      seg()->foreign_counters[port - 1][i].fetch_add(counts[i], std::memory_order_relaxed);
+}
+
+void Registry::read_foreign(PortCounters* out, uint32_t n) const noexcept {
+  if (!valid()) return;
+  n = std::min<uint32_t>({n, device_.num_ports, limits::kMaxPorts});
+  for (uint32_t p = 0; p < n; ++p)
+    for (uint32_t i = 0; i < layout::kCounters; ++i)
+      out[p].v[i] = seg()->foreign_counters[p][i].load(std::memory_order_relaxed);
+}
+
 int Registry::read_counters(std::vector<PortCounters>* out, uint32_t* unreadable) noexcept {
   if (unreadable) *unreadable = 0;
   const uint32_t n = std::min<uint32_t>(device_.num_ports, limits::kMaxPorts);
@@ -561,6 +576,20 @@ int Registry::read_counters(std::vector<PortCounters>* out, uint32_t* unreadable
     if (rc && rc != ENOENT && rc != EAGAIN && unreadable) *unreadable += 1;
   }
   return 0;
+}
+
+void Registry::sum_foreign(const ForeignFilter& f, uint32_t nports, PortCounters* out) noexcept {
+  Guard g(*this);
+  if (g.rc()) return;
+  reclaim_locked(nullptr);
+  for (uint32_t i = 0; i < limits::kMaxContexts; ++i) {
+    const ContextSlot& s = seg()->contexts[i];
+    if (s.state.load(std::memory_order_acquire) != layout::kLive) continue;
+    ContextInfo info;
+    copy_slot(s, i, &info);
+    if (is_context_file(info.segment.c_str()))
+      (void)sum_context_file(paths_.device_dir + "/" + info.segment, info.pid, nports, out, &f);
+  }
 }
 
 int Registry::reclaim_dead(std::vector<ContextInfo>* reclaimed) noexcept {

@@ -70,6 +70,14 @@ class Registry {
   // contexts, which folds theirs). 0 or an errno; *unreadable counts live
   // contexts whose segment could not be read (their counts are missing).
   int read_counters(std::vector<PortCounters>* out, uint32_t* unreadable = nullptr) noexcept;
+  // What contexts of other devices fold for our port `port` (counters.h):
+  // added lock-free, from any process. read_foreign: those totals (index
+  // port - 1, num_ports entries; not part of read_counters).
+  void add_foreign(uint32_t port, const uint64_t counts[layout::kCounters]) noexcept;
+  void read_foreign(PortCounters* out, uint32_t n) const noexcept;
+  // Adds what our live contexts counted for the device `f` names (their
+  // QP records' groups labelled for it) to out[0, nports).
+  void sum_foreign(const ForeignFilter& f, uint32_t nports, PortCounters* out) noexcept;
 
   // Device-wide accounting: ENOMEM when `limit` objects of `kind` exist.
   int charge(uint32_t slot, uint32_t generation, layout::ObjKind kind, uint32_t limit) noexcept;

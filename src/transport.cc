@@ -849,7 +849,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   if ((cqe.wc_flags & IBV_WC_WITH_INV) && !invalidate_remote_mw(rpeer, rpd, cqe.imm_data, false))
     return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
   cqe.status = IBV_WC_SUCCESS;
-  count::recv_done(cnt_, qp, t);  // counters: rdma_recvs
+  count::recv_done(cnt_, qp, t, peer.device);  // counters: rdma_recvs
   complete(cqe);
   return Deliver::kDone;
 }
@@ -1167,8 +1167,8 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     layout::Cqe c = cqe;
     c.qp_num = t->qpn;
     const Deliver d = deliver(qp, peer, t, s, local, nlocal, grh, false, c, status);
-    // counters (a destination on another device counts nothing for ours)
-    if (d != Deliver::kBusy && peer.device->self) count::ud_arrived(cnt_, qp, s, t, d == Deliver::kNoReceive);
+    // counters (a destination on another device counts for its port there)
+    if (d != Deliver::kBusy) count::ud_arrived(cnt_, qp, s, t, peer.device, d == Deliver::kNoReceive);
     switch (d) {
       case Deliver::kBusy: return Exec::kWait;
       case Deliver::kNoReceive: return Exec::kDone;  // dropped (counted above)

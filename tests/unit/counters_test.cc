@@ -68,7 +68,7 @@ TEST(Counters, UntrustedPortsAndHighWaterMarkAreBounded) {
 TEST(Counters, FoldingAndSwitchingPortsKeepTheSum) {
   Fake f;
   CounterSink k;
-  k.attach(&f.block, f.recs.get(), 8, dev(2));
+  k.attach(&f.block, f.recs.get(), 8, dev(2), nullptr);
   layout::QpCounterRecord* r = k.claim(3);
   ASSERT_EQ(r, &f.recs[3]);
   EXPECT_EQ(f.block.qp_hwm.load(), 4u);
@@ -93,6 +93,58 @@ TEST(Counters, FoldingAndSwitchingPortsKeepTheSum) {
   EXPECT_EQ(f.block.seq.load() % 2, 0u);
   EXPECT_EQ(k.lid_port(2), 2u);
   EXPECT_EQ(k.lid_port(9), 0u);
+}
+
+// A destination on another device of the home: the group is labelled with
+// that device's home id, port and tag; its own device's sum never sees it,
+// the other device's (ForeignFilter) sees exactly the groups for it.
+TEST(Counters, ForeignGroupsCountForTheirDeviceOnly) {
+  Fake f;
+  CounterSink k;
+  k.attach(&f.block, f.recs.get(), 8, dev(2), nullptr);
+  layout::QpCounterRecord* r = k.claim(0);
+  layout::QpCounterRecord* r2 = k.claim(1);
+  ASSERT_TRUE(r && r2);
+  EXPECT_GT(foreign_label(1, 1), 0xffu);
+  EXPECT_EQ(label_home_id(foreign_label(77, 2)), 77u);
+  EXPECT_EQ(label_port(foreign_label(77, 2)), 2u);
+  std::atomic<uint64_t>* g = k.group(r, layout::kGroupRemote, foreign_label(7, 1), 0x1234);
+  ASSERT_NE(g, nullptr);
+  g[layout::kCntRcvPkts].store(5);
+  // The same device id with another tag (a recreated device) is another label.
+  std::atomic<uint64_t>* g2 = k.group(r2, layout::kGroupRemote, foreign_label(7, 1), 0x9999);
+  ASSERT_NE(g2, nullptr);
+  g2[layout::kCntRcvPkts].store(100);
+  // Local groups are never foreign, nor are ports beyond kMaxPorts.
+  EXPECT_EQ(k.group(r, layout::kGroupLocal, foreign_label(7, 1), 0x1234), nullptr);
+  EXPECT_EQ(k.group(r, layout::kGroupRemote, foreign_label(7, 0), 0x1234), nullptr);
+  EXPECT_EQ(k.group(r, layout::kGroupRemote, foreign_label(7, 200), 0x1234), nullptr);
+  std::atomic<uint64_t>* l = k.group(r, layout::kGroupLocal, 1);
+  ASSERT_NE(l, nullptr);
+  l[layout::kCntXmitPkts].store(5);
+  auto own = k.totals();
+  ASSERT_EQ(own.size(), 2u);
+  EXPECT_EQ(own[0].v[layout::kCntXmitPkts], 5u);
+  EXPECT_EQ(own[0].v[layout::kCntRcvPkts] + own[1].v[layout::kCntRcvPkts], 0u);  // not ours
+  PortCounters theirs[2];
+  const ForeignFilter flt{7, 0x1234};
+  sum_context_counters(&f.block, f.recs.get(), 8, 2, theirs, &flt);
+  EXPECT_EQ(theirs[0].v[layout::kCntRcvPkts], 5u);
+  EXPECT_EQ(theirs[0].v[layout::kCntXmitPkts], 0u);  // the sender's own port is not theirs
+  EXPECT_EQ(theirs[1].v[layout::kCntRcvPkts], 0u);
+  PortCounters other[2];
+  const ForeignFilter flt8{8, 0x1234};
+  sum_context_counters(&f.block, f.recs.get(), 8, 2, other, &flt8);
+  EXPECT_EQ(other[0].v[layout::kCntRcvPkts], 0u);
+  // Close without a directory: the foreign groups are folded away (their
+  // device cannot be found), ours stay.
+  auto homes = k.fold_foreign();
+  ASSERT_EQ(homes.size(), 1u);
+  EXPECT_EQ(homes[0], 7u);
+  EXPECT_EQ(r->port[layout::kGroupRemote].load(), 0u);
+  EXPECT_EQ(r->v[layout::kGroupRemote][layout::kCntRcvPkts].load(), 0u);
+  EXPECT_EQ(k.totals()[0].v[layout::kCntXmitPkts], 5u);
+  EXPECT_EQ(f.block.seq.load() % 2, 0u);
 }
 
 TEST(Counters, SysfsNamesAndUnits) {
