@@ -481,7 +481,7 @@ int device_down(const std::string& home, const std::string& name, bool force, st
     *why = "device " + name + " is not up";
     return ENOENT;
   }
-  if (rc == 0) reg.retire();  // mappings other processes keep (GidDirectory) stop matching it
+  if (rc == 0) reg.retire();  // mappings other processes keep (DeviceDirectory) stop matching it
   remove_tree(p.uverbs_dir);
   remove_tree(p.ibdev_dir);
   remove_tree(p.device_dir);

@@ -138,8 +138,8 @@ class Registry {
   // takes the ports down, so that processes still mapping the old registry
   // (a cached GID lookup) stop matching it.
   void retire() noexcept;
-  // The mapped segment, for lock-free readers that keep their own cache
-  // (GidDirectory). Never null while valid().
+  // The mapped segment (tests that damage it on purpose). Never null while
+  // valid().
   const layout::RegistrySegment* segment() const noexcept { return seg(); }
 
   // Next QP/WQ number (24 bits, never 0 or 1).

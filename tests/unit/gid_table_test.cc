@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 //
-// Unit tests for src/gid_table.h and src/gid_directory.h: the GID layouts
+// Unit tests for src/gid_table.h and DeviceDirectory::by_gid: the GID layouts
 // (rxe, mlx5) built from an interface's addresses, the kernel-like placement
 // that keeps indices when addresses come and go, rxe's MTU rule, the
 // seqlocked PortNet record (consistent snapshots under a concurrent writer,
@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "device_setup.h"
-#include "gid_directory.h"
+#include "directory.h"
 #include "registry.h"
 
 namespace shmrdma {
@@ -325,51 +325,79 @@ TEST_F(PortNetTest, DeadWriterAndGarbageAreBounded) {
   EXPECT_FALSE(reg.gid_index_of(1, g, kGidTypeAny, nullptr));
 }
 
+// DeviceDirectory::by_gid (src/directory.h), what the data path uses: the
+// own device is the one a context opened (utdirS here), the others of the
+// home are found by GID, new ones after a rescan, retired ones never again.
 TEST_F(PortNetTest, DirectoryFindsDevicesByGidAndForgetsRetiredOnes) {
-  Registry a, b;
+  Registry self, a, b;
+  make_roce("utdirS", {9}, &self);
   make_roce("utdirA", {1}, &a);
-  GidDirectory dir(home_);
-  uint8_t g1[16], g2[16], g3[16];
+  DeviceDirectory dir;
+  dir.init(home_, &self);
+  ASSERT_NE(dir.self(), nullptr);
+  uint8_t g1[16], g2[16], g3[16], g9[16];
   v4gid(1, g1);
   v4gid(2, g2);
   v4gid(3, g3);
-  GidMatch m;
-  ASSERT_TRUE(dir.lookup(g1, layout::kGidTypeRoceV2, &m));
-  EXPECT_EQ(m.registry->device().name, std::string("utdirA"));
-  EXPECT_EQ(m.port, 1u);
-  EXPECT_EQ(m.gid_index, 1u);
-  EXPECT_EQ(m.link_layer, layout::kLinkLayerEthernet);
-  EXPECT_EQ(m.seq, m.registry->port_net_seq(1));
-  EXPECT_FALSE(dir.lookup(g2, kGidTypeAny, &m));
-  // A device that comes up later is found (after the rescan interval, or a refresh).
+  v4gid(9, g9);
+  uint32_t port = 0, seq = 0, index = 0;
+  HomeDevice* d = dir.by_gid(g9, layout::kGidTypeRoceV2, &port, &seq);
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(d->self);
+  d = dir.by_gid(g1, layout::kGidTypeRoceV2, &port, &seq);
+  ASSERT_NE(d, nullptr);
+  EXPECT_FALSE(d->self);
+  EXPECT_EQ(d->record().name, std::string("utdirA"));
+  EXPECT_EQ(d->home_id, a.device().home_id);
+  EXPECT_EQ(port, 1u);
+  EXPECT_EQ(d->record().net.link_layer, layout::kLinkLayerEthernet);
+  EXPECT_EQ(seq, d->registry->port_net_seq(1));
+  ASSERT_TRUE(d->registry->gid_index_of(port, g1, layout::kGidTypeRoceV2, &index));
+  EXPECT_EQ(index, 1u);
+  EXPECT_EQ(dir.by_gid(g1, layout::kGidTypeRoceV1, &port, &seq), nullptr);  // rxe's layout is v2 only
+  EXPECT_EQ(dir.by_gid(g2, kGidTypeAny, &port, &seq), nullptr);
+  const uint8_t zero[16] = {};
+  EXPECT_EQ(dir.by_gid(zero, kGidTypeAny, &port, &seq), nullptr);
+  // A device that comes up later is found (a miss rescans, at most every 10 ms).
   make_roce("utdirB", {2}, &b);
-  dir.refresh();
-  ASSERT_TRUE(dir.lookup(g2, kGidTypeAny, &m));
-  EXPECT_EQ(m.registry->device().name, std::string("utdirB"));
-  Registry* held = m.registry;
-  // A GID added to B is found at once (no rescan needed: the table is live).
+  dir.rescan(true);
+  d = dir.by_gid(g2, kGidTypeAny, &port, &seq);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->record().name, std::string("utdirB"));
+  HomeDevice* held = d;
+  // A GID added to B is found at once (no rescan needed: the table is live),
+  // and the seq a cached match keeps tells it to look again.
   PortNetView v;
   ASSERT_EQ(b.port_net(1, &v), 0);
-  const uint32_t seq = v.seq;
+  const uint32_t old_seq = v.seq;
   InterfaceAddresses addrs;
   addrs.ipv4.push_back({198, 18, 0, 2});
   addrs.ipv4.push_back({198, 18, 0, 3});
   place_gid_table(build_gid_table(layout::kGidLayoutRxe, kMac, addrs), &v);
   ASSERT_EQ(b.update_port_net(1, v), 0);
-  EXPECT_NE(held->port_net_seq(1), seq);  // a cached match knows it must look again
-  ASSERT_TRUE(dir.lookup(g3, kGidTypeAny, &m));
-  EXPECT_EQ(m.gid_index, 2u);
-  // `shmrdma down` of B: retired, then its files go; never matched again.
+  EXPECT_NE(held->registry->port_net_seq(1), old_seq);
+  d = dir.by_gid(g3, kGidTypeAny, &port, &seq);
+  ASSERT_EQ(d, held);
+  ASSERT_TRUE(d->registry->gid_index_of(port, g3, kGidTypeAny, &index));
+  EXPECT_EQ(index, 2u);
+  // `shmrdma down` of B: retired, then its files go; never matched again,
+  // and the HomeDevice handed out stays valid memory.
   std::string why;
   ASSERT_EQ(device_down(home_, "utdirB", true, &why), 0) << why;
-  EXPECT_FALSE(dir.lookup(g2, kGidTypeAny, &m));
-  EXPECT_FALSE(dir.lookup(g3, kGidTypeAny, &m));
-  EXPECT_EQ(held->port_state(1), layout::kPortDown);  // the pointer handed out is still valid
-  ASSERT_TRUE(dir.lookup(g1, kGidTypeAny, &m));
+  EXPECT_EQ(dir.by_gid(g2, kGidTypeAny, &port, &seq), nullptr);
+  EXPECT_EQ(dir.by_gid(g3, kGidTypeAny, &port, &seq), nullptr);
+  EXPECT_EQ(held->registry->port_state(1), layout::kPortDown);
+  dir.rescan(true);
+  EXPECT_TRUE(held->gone.load());
+  EXPECT_EQ(dir.by_id(b.device().home_id), nullptr);
+  EXPECT_NE(dir.by_gid(g1, kGidTypeAny, &port, &seq), nullptr);
 }
 
+// Another process's directory sees a GID table update at once (the tables
+// are read live from the shared registry, through the seqlock).
 TEST_F(PortNetTest, AnotherProcessSeesTheUpdates) {
-  Registry reg;
+  Registry own, reg;
+  make_roce("utroce3s", {8}, &own);
   make_roce("utroce3", {1}, &reg);
   int to_child[2], to_parent[2];
   ASSERT_EQ(::pipe(to_child), 0);
@@ -377,14 +405,19 @@ TEST_F(PortNetTest, AnotherProcessSeesTheUpdates) {
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    GidDirectory dir(home_);
+    Registry mine;
+    int ok = Registry::attach(device_paths(home_, "utroce3s"), &mine) == 0;
+    DeviceDirectory dir;
+    dir.init(home_, &mine);
     char c = 0;
     uint8_t g[16];
     v4gid(5, g);
-    GidMatch m;
-    int ok = !dir.lookup(g, kGidTypeAny, &m);
+    uint32_t port = 0, seq = 0, index = 0;
+    ok = ok && dir.by_gid(g, kGidTypeAny, &port, &seq) == nullptr;
     ok = ok && ::write(to_parent[1], "r", 1) == 1 && ::read(to_child[0], &c, 1) == 1;
-    ok = ok && dir.lookup(g, layout::kGidTypeRoceV2, &m) && m.gid_index == 1;  // took the hole... of 198.18.0.1
+    HomeDevice* d = ok ? dir.by_gid(g, layout::kGidTypeRoceV2, &port, &seq) : nullptr;
+    ok = d && !d->self && d->record().name == std::string("utroce3") && port == 1;
+    ok = ok && d->registry->gid_index_of(1, g, layout::kGidTypeRoceV2, &index) && index == 1;  // the hole of 198.18.0.1
     ::_exit(ok ? 0 : 1);
   }
   char c = 0;
