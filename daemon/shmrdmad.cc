@@ -88,6 +88,7 @@ struct Served {
   std::unique_ptr<Registry> reg;
   dev_t st_dev = 0;
   ino_t st_ino = 0;
+  std::string left_out;  // GIDs that did not fit the table, last logged
 };
 
 struct Client {
@@ -232,7 +233,7 @@ void Daemon::rescan_devices() {
           b.netns_ino != paths_.netns_ino)
         continue;  // IB, or bound in another namespace (its own daemon follows it)
       logf("following %s (bound to ifindex %u, created as %s)", n.c_str(), b.ifindex, b.ifname);
-      s = Served{n, std::move(reg), st.st_dev, st.st_ino};
+      s = Served{n, std::move(reg), st.st_dev, st.st_ino, {}};
     }
     next.push_back(std::move(s));
   }
@@ -261,6 +262,18 @@ void Daemon::refresh_device(Served& d) {
   PortNetView cur;
   if (d.reg->port_net_settled(1, &cur) != 0) cur = PortNetView{};  // a dead writer's record: rewritten whole
   PortNetView next = net::port_view(s, rc == 0, static_cast<layout::GidLayout>(b.gid_layout), cur);
+  // Addresses beyond the table's kGidTableLen entries are left out: said
+  // once each time the set changes.
+  std::string left_out =
+      rc == 0 ? gids_text(gids_left_out(static_cast<layout::GidLayout>(b.gid_layout), s.mac, s.addrs)) : "";
+  if (left_out != d.left_out) {
+    if (!left_out.empty())
+      logf("%s: the GID table has %u entries; addresses of %s left out of it: %s", d.name.c_str(),
+           limits::kGidTableLen, s.name.c_str(), left_out.c_str());
+    else if (!d.left_out.empty())
+      logf("%s: every address of %s fits the GID table again", d.name.c_str(), s.name.c_str());
+    d.left_out = std::move(left_out);
+  }
   PortNetChange c;
   if (apply_port_net(*d.reg, 1, next, &c, &why) != 0) {
     logf("%s: cannot publish the port record: %s", d.name.c_str(), why.c_str());

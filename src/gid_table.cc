@@ -204,8 +204,10 @@ void ipv4_mapped_gid(const uint8_t ipv4[4], uint8_t gid[16]) noexcept {
   std::memcpy(gid + 12, ipv4, 4);
 }
 
-std::vector<GidEntry> build_gid_table(layout::GidLayout gid_layout, const uint8_t mac[6],
-                                      const InterfaceAddresses& addrs) {
+namespace {
+
+// Every GID the interface's addresses make, in table order.
+std::vector<std::array<uint8_t, 16>> gid_candidates(const uint8_t mac[6], const InterfaceAddresses& addrs) {
   std::vector<std::array<uint8_t, 16>> gids;
   std::array<uint8_t, 16> g{};
   link_local_gid_from_mac(mac, g.data());
@@ -219,6 +221,33 @@ std::vector<GidEntry> build_gid_table(layout::GidLayout gid_layout, const uint8_
     if (is_zero(a.data())) continue;
     gids.push_back(a);
   }
+  return gids;
+}
+
+// How many GIDs fit: each takes two entries in the mlx5 layout.
+size_t gids_that_fit(layout::GidLayout gid_layout) {
+  return gid_layout == layout::kGidLayoutMlx5 ? limits::kGidTableLen / 2 : limits::kGidTableLen;
+}
+
+}  // namespace
+
+std::vector<std::array<uint8_t, 16>> gids_left_out(layout::GidLayout gid_layout, const uint8_t mac[6],
+                                                   const InterfaceAddresses& addrs) {
+  std::vector<std::array<uint8_t, 16>> gids = gid_candidates(mac, addrs);
+  const size_t fit = gids_that_fit(gid_layout);
+  if (gids.size() <= fit) return {};
+  return {gids.begin() + static_cast<std::ptrdiff_t>(fit), gids.end()};
+}
+
+std::string gids_text(const std::vector<std::array<uint8_t, 16>>& gids) {
+  std::string out;
+  for (const auto& g : gids) out += (out.empty() ? "" : ", ") + gid_short_text(g.data());
+  return out;
+}
+
+std::vector<GidEntry> build_gid_table(layout::GidLayout gid_layout, const uint8_t mac[6],
+                                      const InterfaceAddresses& addrs) {
+  const std::vector<std::array<uint8_t, 16>> gids = gid_candidates(mac, addrs);
   std::vector<GidEntry> out;
   for (const auto& gid : gids) {
     GidEntry e{};

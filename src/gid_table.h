@@ -106,6 +106,13 @@ struct InterfaceAddresses {
 //   mlx5: the same GIDs, each as a v1 entry followed by a v2 entry.
 std::vector<GidEntry> build_gid_table(layout::GidLayout gid_layout, const uint8_t mac[6],
                                       const InterfaceAddresses& addrs);
+// The GIDs build_gid_table leaves out (the table holds kGidTableLen entries:
+// fe80 + 15 addresses in the rxe layout, fe80 + 7 in mlx5's), in order;
+// empty when everything fits. `shmrdma up` warns and the daemon logs them.
+std::vector<std::array<uint8_t, 16>> gids_left_out(layout::GidLayout gid_layout, const uint8_t mac[6],
+                                                   const InterfaceAddresses& addrs);
+// "a, b, c" (gid_short_text of each).
+std::string gids_text(const std::vector<std::array<uint8_t, 16>>& gids);
 
 // Updates the table of *v to hold exactly `desired` (by GID and type) the
 // way the kernel's GID cache does: entries still wanted keep their index,

@@ -257,6 +257,10 @@ const char* mtu_text(uint32_t m) {
   }
 }
 
+// The GIDs of the interface that do not fit the table, as text (empty when
+// all fit): `up` says so once the device is up.
+std::string g_gids_left_out;
+
 // Reads the interface and checks it can carry a RoCE device; nothing is
 // created before every check passed.
 bool roce_spec(const std::string& home, const std::string& name, const std::string& netdev, const std::string& gid_layout,
@@ -301,6 +305,8 @@ bool roce_spec(const std::string& home, const std::string& name, const std::stri
   std::memcpy(b.mac, s.mac, 6);
   std::snprintf(b.ifname, sizeof b.ifname, "%s", s.name.c_str());
   spec->port = shmrdma::net::port_view(s, true, static_cast<layout::GidLayout>(b.gid_layout), shmrdma::PortNetView{});
+  g_gids_left_out = shmrdma::gids_text(
+      shmrdma::gids_left_out(static_cast<layout::GidLayout>(b.gid_layout), s.mac, s.addrs));
   return true;
 }
 
@@ -340,6 +346,9 @@ int cmd_up(const std::string& home, const std::string& name, uint32_t ports, con
       fmt::print("\n");
     }
   }
+  if (!netdev.empty() && !g_gids_left_out.empty())
+    fmt::print(stderr, "shmrdma up: warning: the GID table has {} entries; addresses of {} left out of it: {}\n",
+               shmrdma::limits::kGidTableLen, netdev, g_gids_left_out);
   if (r.reclaimed) fmt::print("reclaimed {} context(s) of dead processes\n", r.reclaimed);
   // A RoCE device follows its interface through the daemon of this
   // namespace: started (or restarted) here.

@@ -322,6 +322,47 @@ TEST_F(RoceCtl, Mlx5LayoutHasV1V2Pairs) {
   EXPECT_TRUE(contains(r.out, "::ffff:" + net_ + "1, RoCE v2")) << r.out;
 }
 
+// The GID table has kGidTableLen (16) entries: with 20 IPv4 addresses the
+// first 15 (in the kernel's order) get GIDs after fe80, the rest are left
+// out, `up` warns on stderr naming them and the daemon logs them; a removed
+// address's slot goes to the next one left out, and nothing else moves.
+TEST_F(RoceCtl, MoreAddressesThanTheTableHolds) {
+  for (int i = 101; i <= 119; ++i) ip({"-n", ns_a_, "addr", "add", net_ + std::to_string(i) + "/24", "dev", if_a_});
+  Result r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.err, "warning: the GID table has 16 entries")) << r.describe();
+  for (int i = 115; i <= 119; ++i) EXPECT_TRUE(contains(r.err, "::ffff:" + net_ + std::to_string(i))) << r.err;
+  EXPECT_FALSE(contains(r.err, "::ffff:" + net_ + "114")) << r.err;
+  const std::string pd = port_dir("roceA");
+  EXPECT_EQ(slurp(pd + "/gids/1"), full_gid("::ffff:" + net_ + "1"));
+  for (int i = 2; i < 16; ++i) EXPECT_EQ(slurp(pd + "/gids/" + std::to_string(i)), full_gid("::ffff:" + net_ + std::to_string(99 + i)));
+  EXPECT_FALSE(fs::exists(pd + "/gids/16"));
+  Result d = shm(ns_a_, {"run", "ibv_devinfo", "-v", "-d", "roceA"});
+  ASSERT_TRUE(d.ok()) << d.describe();
+  EXPECT_TRUE(d.err.empty()) << d.err;
+  EXPECT_TRUE(contains(d.out, "gid_tbl_len:\t\t16")) << d.out;
+  EXPECT_EQ(count_of(d.out, ", RoCE v2"), 16u) << d.out;
+  auto daemon_log = [&] {
+    std::string all;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(home_ + "/daemon", ec))
+      if (e.path().extension() == ".log") all += slurp(e.path().string());
+    return all;
+  };
+  EXPECT_GE(within(3000, [&] { return contains(daemon_log(), "left out of it: ::ffff:" + net_ + "115"); }), 0)
+      << daemon_log();
+  // 198.18.x.105 (index 6) goes: its slot takes .115, the first one left out.
+  ip({"-n", ns_a_, "addr", "del", net_ + "105/24", "dev", if_a_});
+  EXPECT_GE(within(3000, [&] { return slurp(pd + "/gids/6") == full_gid("::ffff:" + net_ + "115"); }), 0)
+      << slurp(pd + "/gids/6");
+  EXPECT_EQ(slurp(pd + "/gids/5"), full_gid("::ffff:" + net_ + "104"));
+  EXPECT_EQ(slurp(pd + "/gids/7"), full_gid("::ffff:" + net_ + "106"));
+  EXPECT_GE(within(3000, [&] { return contains(daemon_log(), "left out of it: ::ffff:" + net_ + "116"); }), 0)
+      << daemon_log();
+  for (int i = 116; i <= 119; ++i) ip({"-n", ns_a_, "addr", "del", net_ + std::to_string(i) + "/24", "dev", if_a_});
+  EXPECT_GE(within(3000, [&] { return contains(daemon_log(), "fits the GID table again"); }), 0) << daemon_log();
+}
+
 TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
   up_a();
   Child watch;

@@ -137,6 +137,37 @@ TEST(GidTable, EthernetSpeedMapping) {
   EXPECT_EQ(s, 32u);  // 4X EDR
 }
 
+// 20 IPv4 addresses: the table keeps its 16 entries (rxe: fe80 + 15
+// addresses; mlx5: 8 GIDs as v1/v2 pairs), and gids_left_out names the rest.
+TEST(GidTable, AddressesBeyondTheTableAreLeftOutInOrder) {
+  InterfaceAddresses a;
+  for (uint8_t i = 1; i <= 20; ++i) a.ipv4.push_back({198, 18, 0, i});
+  auto t = build_gid_table(layout::kGidLayoutRxe, kMac, a);
+  ASSERT_EQ(t.size(), limits::kGidTableLen);
+  EXPECT_EQ(gid_short_text(t[15].gid), "::ffff:198.18.0.15");
+  auto out = gids_left_out(layout::kGidLayoutRxe, kMac, a);
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(gids_text(out), "::ffff:198.18.0.16, ::ffff:198.18.0.17, ::ffff:198.18.0.18, ::ffff:198.18.0.19, "
+                            "::ffff:198.18.0.20");
+  t = build_gid_table(layout::kGidLayoutMlx5, kMac, a);
+  ASSERT_EQ(t.size(), limits::kGidTableLen);
+  EXPECT_EQ(gid_short_text(t[15].gid), "::ffff:198.18.0.7");
+  EXPECT_EQ(gids_left_out(layout::kGidLayoutMlx5, kMac, a).size(), 13u);
+  // Placement over a full table: the slot of a removed address goes to the
+  // first one left out; every slot stays valid, nothing beyond the table.
+  PortNetView v;
+  place_gid_table(build_gid_table(layout::kGidLayoutRxe, kMac, a), &v);
+  EXPECT_EQ(v.valid_mask, 0xffffu);
+  a.ipv4.erase(a.ipv4.begin() + 4);  // 198.18.0.5 (index 5)
+  place_gid_table(build_gid_table(layout::kGidLayoutRxe, kMac, a), &v);
+  EXPECT_EQ(v.valid_mask, 0xffffu);
+  EXPECT_EQ(gid_short_text(v.gids[5].gid), "::ffff:198.18.0.16");
+  EXPECT_EQ(gid_short_text(v.gids[4].gid), "::ffff:198.18.0.4");
+  EXPECT_EQ(gids_left_out(layout::kGidLayoutRxe, kMac, a).size(), 4u);
+  a.ipv4.resize(3);
+  EXPECT_TRUE(gids_left_out(layout::kGidLayoutRxe, kMac, a).empty());
+}
+
 class PortNetTest : public ::testing::Test {
  protected:
   void SetUp() override {
