@@ -257,6 +257,9 @@ class RoceNet:
         require_root()
         if shutil.which("ip") is None:
             skip("ip (iproute2) is not installed")
+        # meson's timeout sends SIGTERM: exit through the `with` so the pair
+        # (run_pair's finally), the devices, daemons and namespaces go too.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("killed by SIGTERM (timeout?)"))
         self.bin = shmrdma_bin()
         self.path = tempfile.mkdtemp(prefix="shmrdma-roce-")
         try:
