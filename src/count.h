@@ -137,7 +137,8 @@ inline void rnr_nak(CounterSink& k, Qp* qp, uint64_t now, uint64_t period_ns, ui
   if (std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port)) bump(l[layout::kCntRnrNakRcvd], d);
   if (qp->peer_dev != q.rdev) [[unlikely]]
     relabel(qp);
-  if (std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag)) bump(r[layout::kCntRnrNakSent], d);
+  if (std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag))
+    bump(r[layout::kCntRnrNakSent], d);
 }
 
 // complete_send: a send completion with `status` (only errors count).

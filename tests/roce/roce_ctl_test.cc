@@ -335,7 +335,8 @@ TEST_F(RoceCtl, MoreAddressesThanTheTableHolds) {
   EXPECT_FALSE(contains(r.err, "::ffff:" + net_ + "114")) << r.err;
   const std::string pd = port_dir("roceA");
   EXPECT_EQ(slurp(pd + "/gids/1"), full_gid("::ffff:" + net_ + "1"));
-  for (int i = 2; i < 16; ++i) EXPECT_EQ(slurp(pd + "/gids/" + std::to_string(i)), full_gid("::ffff:" + net_ + std::to_string(99 + i)));
+  for (int i = 2; i < 16; ++i)
+    EXPECT_EQ(slurp(pd + "/gids/" + std::to_string(i)), full_gid("::ffff:" + net_ + std::to_string(99 + i)));
   EXPECT_FALSE(fs::exists(pd + "/gids/16"));
   Result d = shm(ns_a_, {"run", "ibv_devinfo", "-v", "-d", "roceA"});
   ASSERT_TRUE(d.ok()) << d.describe();
