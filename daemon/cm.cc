@@ -63,6 +63,9 @@ namespace {
 constexpr int kRetryMs = 400;      // REQ / REP / DREQ retransmission interval
 constexpr int kMaxRetries = 3;     // then UNREACHABLE / CONNECT_ERROR / DISCONNECTED (within 2 s)
 constexpr size_t kMaxChannels = 1024;
+constexpr size_t kMaxOutbox = 4096;
+constexpr int64_t kOutboxMaxAgeMs = 2000;
+constexpr int kOutboxTickMs = 2;
 constexpr uint32_t kMaxBacklog = 1024;  // /proc/sys/net/rdma_ucm/max_backlog's default
 constexpr uint8_t kDefaultAckTimeout = 17;  // RoCE: packet life time 16 + 1 (cma.c)
 constexpr uint8_t kHopLimit = 64;
@@ -161,6 +164,16 @@ struct Event {
   rdma_ucm_event_resp resp{};
   uint32_t owner = 0;  // the id it counts for (CONNECT_REQUEST: the listener)
   uint32_t child = 0;  // CONNECT_REQUEST: the new id
+  uint32_t mc = 0;     // MULTICAST_JOIN: the join it counts for too
+};
+
+// A multicast join of an id (JOIN_IP_MCAST / JOIN_MCAST).
+struct Join {
+  uint32_t handle = 0;
+  uint32_t owner = 0;  // the id
+  uint64_t uid = 0;
+  Addr addr;
+  uint32_t events_reported = 0;
 };
 
 struct Channel {
@@ -226,6 +239,8 @@ enum : uint32_t {
   RDMA_CM_EVENT_REJECTED = 8,
   RDMA_CM_EVENT_ESTABLISHED = 9,
   RDMA_CM_EVENT_DISCONNECTED = 10,
+  RDMA_CM_EVENT_MULTICAST_JOIN = 12,
+  RDMA_CM_EVENT_MULTICAST_ERROR = 13,
 };
 
 // The IP port spaces' service id (cma.c cma_get_service_id).
@@ -278,6 +293,13 @@ struct CmService::Impl {
   std::vector<std::unique_ptr<Channel>> channels;
   std::map<uint32_t, std::unique_ptr<Id>> ids;
   std::map<uint32_t, uint32_t> by_comm;  // local comm id -> handle
+  std::map<uint32_t, Join> joins;        // multicast joins by handle (numbered with the ids)
+  struct Outgoing {
+    std::string peer;
+    cm::Mad mad;
+    int64_t since;
+  };
+  std::deque<Outgoing> outbox;
   uint32_t next_handle = 1;
 
   int setup(std::string* why);
@@ -305,6 +327,14 @@ struct CmService::Impl {
   void cmd_get_event(Channel& c, uint16_t out, ReplyOut* r);
   void cmd_set_option(Channel& c, const std::vector<uint8_t>& in, const std::vector<uint8_t>& opt, ReplyOut* r);
   void cmd_notify(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_join(Channel& c, uint32_t handle, uint64_t uid, const void* addr, size_t len, uint16_t flags,
+                uint16_t out, ReplyOut* r);
+  void cmd_leave(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_connect_ud(Id* id, const rdma_ucm_conn_param& p, ReplyOut* r);
+  void cmd_accept_ud(Id* id, const rdma_ucm_accept& cmd, ReplyOut* r);
+  void on_sidr_req(const std::string& from, const cm::Mad& m);
+  void on_sidr_rep(const std::string& from, const cm::Mad& m);
+  void fill_ah(const Id* id, const uint8_t dgid[16], ib_uverbs_ah_attr* ah);
   void cmd_migrate(Channel& c, const shmrdma_cm_request& h, const std::vector<uint8_t>& in, uint16_t out,
                    ReplyOut* r);
 
@@ -324,6 +354,7 @@ struct CmService::Impl {
   std::string peer_for(const uint8_t gid[16]);
   uint32_t new_comm(uint32_t handle);
   bool send_mad(const std::string& peer, const cm::Mad& m);
+  void flush_outbox();
   void send_rej(const std::string& peer, uint32_t local_comm, uint32_t remote_comm, uint16_t reason,
                 uint8_t msg, const uint8_t* pd, size_t pd_len);
   void arm(Id* id, const cm::Mad& m);
@@ -489,7 +520,7 @@ Event CmService::Impl::event_for(Id* id, uint32_t type, int32_t status) {
 
 Id* CmService::Impl::new_id(Channel* c, uint64_t uid, uint16_t ps, uint8_t qp_type) {
   auto id = std::make_unique<Id>();
-  while (!next_handle || ids.count(next_handle)) ++next_handle;
+  while (!next_handle || ids.count(next_handle) || joins.count(next_handle)) ++next_handle;
   id->handle = next_handle++;
   id->ch = c;
   id->uid = uid;
@@ -566,6 +597,7 @@ uint32_t CmService::Impl::destroy_id(Id* id, bool* drained) {
   if (id->st == St::Listen)
     for (auto& [h, other] : ids)
       if (other->listener == id->handle) other->listener = 0;
+  std::erase_if(joins, [&](const auto& j) { return j.second.owner == id->handle; });
   teardown(id);
   const uint32_t reported = id->events_reported;
   ids.erase(id->handle);
@@ -747,10 +779,21 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
     case RDMA_USER_CM_CMD_GET_OPTION:
       r.err = ENOSYS;  // as the kernel: no handler
       break;
-    case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
-    case RDMA_USER_CM_CMD_JOIN_MCAST:
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST: {
+      rdma_ucm_join_ip_mcast cmd;
+      take(in, &cmd);
+      cmd_join(c, cmd.id, cmd.uid, &cmd.addr, sizeof cmd.addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, h.out, &r);
+      break;
+    }
+    case RDMA_USER_CM_CMD_JOIN_MCAST: {
+      rdma_ucm_join_mcast cmd;
+      take(in, &cmd);
+      if (cmd.addr_size > sizeof cmd.addr) r.err = EINVAL;
+      else cmd_join(c, cmd.id, cmd.uid, &cmd.addr, cmd.addr_size, cmd.join_flags, h.out, &r);
+      break;
+    }
     case RDMA_USER_CM_CMD_LEAVE_MCAST:
-      r.err = ENOSYS;  // multicast through RDMA CM: not yet (docs/ARCHITECTURE.md)
+      cmd_leave(c, in, h.out, &r);
       break;
     default:
       r.err = EINVAL;  // ucma_write: a command beyond its table
@@ -884,7 +927,8 @@ void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, 
     // The destination: the GID some device of the home holds.
     uint8_t dgid[16];
     std::memcpy(dgid, dst.loopback() ? s.ip : dst.ip, 16);
-    if (peer_for(dgid).empty()) status = -EHOSTUNREACH;
+    const bool mcast = dst.v4() ? (dst.ip[12] & 0xf0) == 0xe0 : dst.ip[0] == 0xff;  // a group: no peer to find
+    if (!mcast && peer_for(dgid).empty()) status = -EHOSTUNREACH;
     else std::memcpy(id->dgid, dgid, 16);
   }
   if (status) {
@@ -1014,14 +1058,44 @@ uint32_t CmService::Impl::new_comm(uint32_t handle) {
   return comm;
 }
 
+// False only when the peer's socket is gone (its daemon is not running).
+// A full receive queue (unix datagram sockets hold max_dgram_qlen
+// messages, 10 by default: a burst of connects fills it) is not a loss: the
+// message waits in the outbox and goes out from the timer loop.
 bool CmService::Impl::send_mad(const std::string& peer, const cm::Mad& m) {
   if (peer.empty()) return false;
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   if (peer.size() >= sizeof a.sun_path) return false;
   std::memcpy(a.sun_path, peer.c_str(), peer.size() + 1);
-  return ::sendto(mad_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a), sizeof a) ==
-         static_cast<ssize_t>(sizeof m);
+  if (outbox.empty() || outbox.size() > kMaxOutbox) {
+    if (::sendto(mad_fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a), sizeof a) ==
+        static_cast<ssize_t>(sizeof m))
+      return true;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS && errno != EINTR) return false;
+    if (outbox.size() > kMaxOutbox) return true;  // as a lost datagram: the retransmission timer covers it
+  }
+  outbox.push_back(Outgoing{peer, m, now_ms()});
+  return true;
+}
+
+void CmService::Impl::flush_outbox() {
+  const int64_t now = now_ms();
+  while (!outbox.empty()) {
+    Outgoing& o = outbox.front();
+    if (now - o.since > kOutboxMaxAgeMs) {  // as a lost datagram
+      outbox.pop_front();
+      continue;
+    }
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, o.peer.c_str(), o.peer.size() + 1);
+    if (::sendto(mad_fd, &o.mad, sizeof o.mad, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
+                 sizeof a) != static_cast<ssize_t>(sizeof o.mad) &&
+        (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR))
+      return;  // still full: try again on the next tick
+    outbox.pop_front();
+  }
 }
 
 void CmService::Impl::send_rej(const std::string& peer, uint32_t local_comm, uint32_t remote_comm, uint16_t reason,
@@ -1053,7 +1127,7 @@ void CmService::Impl::cmd_connect(Channel& c, const std::vector<uint8_t>& in, Re
     return;
   }
   if (id->qp_type == IBV_QPT_UD) {
-    r->err = ENOSYS;  // SIDR: not yet
+    cmd_connect_ud(id, p, r);
     return;
   }
   if (p.private_data_len > cm::kUserReqPrivate) {
@@ -1155,8 +1229,12 @@ void CmService::Impl::cmd_accept(Channel& c, const std::vector<uint8_t>& in, Rep
     id->st = St::Established;
     return;
   }
-  if (id->st != St::ReqRcvd || id->qp_type == IBV_QPT_UD) {
+  if (id->st != St::ReqRcvd) {
     r->err = EINVAL;
+    return;
+  }
+  if (id->qp_type == IBV_QPT_UD) {
+    cmd_accept_ud(id, cmd, r);
     return;
   }
   if (p.private_data_len > cm::kRepPrivate) {
@@ -1204,6 +1282,20 @@ void CmService::Impl::cmd_reject(Channel& c, const std::vector<uint8_t>& in, Rep
   const uint16_t reason = cmd.reason ? uint16_t{cmd.reason} : uint16_t{cm::kRejConsumer};
   if (reason != cm::kRejConsumer && reason != 35 /* vendor option not supported */) {
     r->err = EINVAL;
+    return;
+  }
+  if (id->qp_type == IBV_QPT_UD) {
+    if (cmd.private_data_len > cm::kSidrRepPrivate) {
+      r->err = EINVAL;
+      return;
+    }
+    cm::Mad m;
+    cm::init_mad(&m, cm::kAttrSidrRep, id->remote_comm);
+    m.sidr_rep.request_id.set(id->remote_comm);
+    m.sidr_rep.status = cm::kSidrReject;
+    std::memcpy(m.sidr_rep.private_data, cmd.private_data, cmd.private_data_len);
+    send_mad(id->peer, m);
+    id->st = St::Rejected;
     return;
   }
   send_rej(id->peer, id->local_comm, id->remote_comm, reason, id->st == St::RepRcvd ? 1 : 0, cmd.private_data,
@@ -1341,6 +1433,10 @@ void CmService::Impl::cmd_get_event(Channel& c, uint16_t out, ReplyOut* r) {
   if (c.events.empty()) r->flags |= SHMRDMA_CM_REPLY_DRAIN;
   auto it = ids.find(ev.owner);
   if (it != ids.end()) it->second->events_reported++;
+  if (ev.mc) {
+    auto j = joins.find(ev.mc);
+    if (j != joins.end()) j->second.events_reported++;
+  }
   if (ev.child) {
     auto ch = ids.find(ev.child);
     if (ch != ids.end()) ch->second->reported = true;
@@ -1669,13 +1765,20 @@ void CmService::Impl::on_mad() {
       case cm::kAttrDrep:
         on_drep(path, m);
         break;
+      case cm::kAttrSidrReq:
+        on_sidr_req(path, m);
+        break;
+      case cm::kAttrSidrRep:
+        on_sidr_rep(path, m);
+        break;
       default:
-        break;  // MRA, SIDR: not used yet
+        break;  // MRA: we never delay, and a peer's MRA needs no answer
     }
   }
 }
 
 void CmService::Impl::timers() {
+  flush_outbox();
   const int64_t now = now_ms();
   for (auto& [h, idp] : ids) {
     Id* id = idp.get();
@@ -1707,6 +1810,229 @@ void CmService::Impl::timers() {
         break;
     }
   }
+}
+
+// ------------------------------------------------------ UD (SIDR) and multicast
+
+void CmService::Impl::fill_ah(const Id* id, const uint8_t dgid[16], ib_uverbs_ah_attr* ah) {
+  std::memset(ah, 0, sizeof *ah);
+  std::memcpy(ah->grh.dgid, dgid, 16);
+  ah->grh.sgid_index = static_cast<uint8_t>(id->dev.gid_index);
+  ah->grh.hop_limit = kHopLimit;
+  ah->grh.traffic_class = id->tos;
+  ah->is_global = 1;
+  ah->port_num = static_cast<uint8_t>(id->dev.port);
+}
+
+void CmService::Impl::cmd_connect_ud(Id* id, const rdma_ucm_conn_param& p, ReplyOut* r) {
+  if (p.private_data_len > cm::kUserSidrReqPrivate) {
+    r->err = EINVAL;
+    return;
+  }
+  id->peer = peer_for(id->dgid);
+  if (id->peer.empty()) {
+    r->err = EHOSTUNREACH;
+    return;
+  }
+  id->local_comm = new_comm(id->handle);
+  cm::Mad m;
+  cm::init_mad(&m, cm::kAttrSidrReq, id->local_comm);
+  m.sidr_req.request_id.set(id->local_comm);
+  m.sidr_req.pkey.set(0xffff);
+  m.sidr_req.service_id.set(service_id_of(id->ps, id->dst.port));
+  cm::CmaHeader hdr{};
+  hdr.ip_version = id->dst.v4() ? 4 << 4 : 6 << 4;
+  hdr.port.set(id->src.port);
+  std::memcpy(hdr.src_addr, id->src.ip, 16);
+  std::memcpy(hdr.dst_addr, id->dst.ip, 16);
+  std::memcpy(m.sidr_req.private_data, &hdr, sizeof hdr);
+  std::memcpy(m.sidr_req.private_data + sizeof hdr, p.private_data, p.private_data_len);
+  id->st = St::ReqSent;
+  arm(id, m);
+  if (!send_mad(id->peer, m)) id->retry_at = now_ms();
+}
+
+void CmService::Impl::cmd_accept_ud(Id* id, const rdma_ucm_accept& cmd, ReplyOut* r) {
+  const rdma_ucm_conn_param& p = cmd.conn_param;
+  if (p.private_data_len > cm::kSidrRepPrivate) {
+    r->err = EINVAL;
+    return;
+  }
+  id->uid = cmd.uid;
+  cm::Mad m;
+  cm::init_mad(&m, cm::kAttrSidrRep, id->remote_comm);
+  m.sidr_rep.request_id.set(id->remote_comm);
+  m.sidr_rep.status = cm::kSidrSuccess;
+  m.sidr_rep.qpn.set_bits(31, 8, p.qp_num & 0xffffff);
+  m.sidr_rep.service_id.set(service_id_of(id->ps, id->src.port));
+  m.sidr_rep.qkey.set(p.qkey ? p.qkey : id->qkey);
+  std::memcpy(m.sidr_rep.private_data, p.private_data, p.private_data_len);
+  send_mad(id->peer, m);
+  id->last = m;  // a retransmitted SIDR_REQ is answered with it again
+  id->st = St::Established;
+}
+
+void CmService::Impl::on_sidr_req(const std::string& from, const cm::Mad& m) {
+  const cm::SidrReq& q = m.sidr_req;
+  const uint32_t req_id = static_cast<uint32_t>(q.request_id.get());
+  for (auto& [h, o] : ids)
+    if (o->qp_type == IBV_QPT_UD && o->remote_comm == req_id && o->peer == from && o->listener) {
+      if (o->st == St::Established || o->st == St::Rejected) send_mad(from, o->last);
+      return;  // a retransmission
+    }
+  const uint64_t sid = q.service_id.get();
+  const uint16_t ps = static_cast<uint16_t>(sid >> 16), port = static_cast<uint16_t>(sid);
+  cm::CmaHeader hdr;
+  std::memcpy(&hdr, q.private_data, sizeof hdr);
+  Addr dst, src;
+  std::memcpy(dst.ip, hdr.dst_addr, 16);
+  std::memcpy(src.ip, hdr.src_addr, 16);
+  dst.family = src.family = (hdr.ip_version >> 4) == 4 ? AF_INET : AF_INET6;
+  dst.port = port;
+  src.port = static_cast<uint16_t>(hdr.port.get());
+  Id* l = nullptr;
+  if ((sid >> 32) == 0 && hdr.cma_version == 0)
+    for (auto& [h, o] : ids) {
+      if (o->st != St::Listen || o->ps != ps || o->src.port != port || o->qp_type != IBV_QPT_UD) continue;
+      if (!o->src.any() && !o->src.same_ip(dst) && !(o->src.loopback() && dst.loopback())) continue;
+      l = o.get();
+      break;
+    }
+  DevBind d;
+  if (!l || set_device_for(dst, &d) != 0) {
+    cm::Mad rep;
+    cm::init_mad(&rep, cm::kAttrSidrRep, req_id);
+    rep.sidr_rep.request_id.set(req_id);
+    rep.sidr_rep.status = l ? cm::kSidrNoQp : cm::kSidrUnsupported;
+    rep.sidr_rep.service_id.set(sid);
+    send_mad(from, rep);
+    return;
+  }
+  Id* id = new_id(l->ch, l->uid, l->ps, l->qp_type);
+  id->listener = l->handle;
+  id->st = St::ReqRcvd;
+  id->src = dst;
+  id->dst = src;
+  id->dev = d;
+  std::memcpy(id->dgid, src.ip, 16);
+  id->peer = from;
+  id->remote_comm = req_id;
+  Event ev = event_for(l, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+  ev.resp.id = id->handle;
+  ev.child = id->handle;
+  rdma_ucm_ud_param& p = ev.resp.param.ud;
+  std::memcpy(p.private_data, q.private_data + sizeof hdr, cm::kUserSidrReqPrivate);
+  p.private_data_len = static_cast<uint8_t>(cm::kUserSidrReqPrivate);
+  fill_ah(id, id->dgid, &p.ah_attr);
+  queue(l, ev, l->handle);
+}
+
+void CmService::Impl::on_sidr_rep(const std::string& from, const cm::Mad& m) {
+  const cm::SidrRep& q = m.sidr_rep;
+  Id* id = by_local_comm(static_cast<uint32_t>(q.request_id.get()), from);
+  if (!id || id->st != St::ReqSent || id->qp_type != IBV_QPT_UD) return;
+  id->retry_at = -1;
+  by_comm.erase(id->local_comm);
+  id->local_comm = 0;
+  if (q.status != cm::kSidrSuccess) {
+    id->st = St::Rejected;
+    Event ev = event_for(id, q.status == cm::kSidrReject ? RDMA_CM_EVENT_REJECTED : RDMA_CM_EVENT_UNREACHABLE,
+                         q.status);
+    std::memcpy(ev.resp.param.ud.private_data, q.private_data, cm::kSidrRepPrivate);
+    ev.resp.param.ud.private_data_len = static_cast<uint8_t>(cm::kSidrRepPrivate);
+    queue(id, ev, id->handle);
+    return;
+  }
+  id->st = St::Established;
+  id->remote_qpn = q.qpn.bits(31, 8);
+  Event ev = event_for(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+  rdma_ucm_ud_param& p = ev.resp.param.ud;
+  p.qp_num = id->remote_qpn;
+  p.qkey = static_cast<uint32_t>(q.qkey.get());
+  fill_ah(id, id->dgid, &p.ah_attr);
+  std::memcpy(p.private_data, q.private_data, cm::kSidrRepPrivate);
+  p.private_data_len = static_cast<uint8_t>(cm::kSidrRepPrivate);
+  queue(id, ev, id->handle);
+}
+
+// Joins are local: delivery to a group looks at every device of the home
+// (the data path's multicast), so the daemon only hands out what the
+// application attaches its QP with: the MGID (IPv4: ::ffff:a.b.c.d, as the
+// kernel maps it for RoCE v2; IPv6: the address), no LID.
+void CmService::Impl::cmd_join(Channel& c, uint32_t handle, uint64_t uid, const void* addr, size_t len,
+                               uint16_t flags, uint16_t out, ReplyOut* r) {
+  if (out < sizeof(rdma_ucm_create_id_resp)) {
+    r->err = ENOSPC;
+    return;
+  }
+  Id* id = find(c, handle, &r->err);
+  if (!id) return;
+  Addr a;
+  if ((r->err = parse_addr(addr, len, &a))) return;
+  if (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+    r->err = EINVAL;
+    return;
+  }
+  const bool mcast = a.v4() ? (a.ip[12] & 0xf0) == 0xe0 : a.ip[0] == 0xff;
+  if (!mcast) {
+    r->err = EINVAL;
+    return;
+  }
+  if (!id->dev.set || (id->st != St::Bound && id->st != St::AddrResolved && id->st != St::RouteResolved)) {
+    r->err = EINVAL;  // rdma_join_multicast: the id must be bound to a device
+    return;
+  }
+  for (auto& [h, j] : joins)
+    if (j.owner == id->handle && j.addr.same_ip(a)) {
+      r->err = EADDRINUSE;
+      return;
+    }
+  Join j;
+  while (!next_handle || ids.count(next_handle) || joins.count(next_handle)) ++next_handle;
+  j.handle = next_handle++;
+  j.owner = id->handle;
+  j.uid = uid;
+  j.addr = a;
+  joins[j.handle] = j;
+  Event ev;
+  ev.resp.uid = uid;
+  ev.resp.id = j.handle;
+  ev.resp.event = RDMA_CM_EVENT_MULTICAST_JOIN;
+  ev.mc = j.handle;
+  rdma_ucm_ud_param& p = ev.resp.param.ud;
+  p.qp_num = 0xffffff;
+  p.qkey = id->qkey ? id->qkey : kUdpQkey;
+  fill_ah(id, a.ip, &p.ah_attr);
+  queue(id, ev, id->handle);
+  rdma_ucm_create_id_resp resp{};
+  resp.id = j.handle;
+  put(r, resp, out);
+}
+
+void CmService::Impl::cmd_leave(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r) {
+  rdma_ucm_destroy_id cmd;
+  take(in, &cmd);
+  if (out < sizeof(rdma_ucm_destroy_id_resp)) {
+    r->err = ENOSPC;
+    return;
+  }
+  auto it = joins.find(cmd.id);
+  if (it == joins.end()) {
+    r->err = ENOENT;
+    return;
+  }
+  auto owner = ids.find(it->second.owner);
+  if (owner == ids.end() || owner->second->ch != &c) {
+    r->err = EINVAL;
+    return;
+  }
+  const bool had = !c.events.empty();
+  std::erase_if(c.events, [&](const Event& e) { return e.mc == cmd.id; });
+  if (had && c.events.empty()) r->flags |= SHMRDMA_CM_REPLY_DRAIN;
+  rdma_ucm_destroy_id_resp resp{};
+  resp.events_reported = it->second.events_reported;
+  joins.erase(it);
+  put(r, resp, out);
 }
 
 // ------------------------------------------------------------------ CmService
@@ -1744,6 +2070,7 @@ int CmService::timeout_ms() const {
   int64_t next = -1;
   for (auto& [h, id] : impl_->ids)
     if (id->retry_at >= 0 && (next < 0 || id->retry_at < next)) next = id->retry_at;
+  if (!impl_->outbox.empty()) return kOutboxTickMs;
   if (next < 0) return -1;
   return static_cast<int>(std::max<int64_t>(0, next - now_ms()));
 }
