@@ -1607,6 +1607,10 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
   id->local_comm = new_comm(id->handle);
   id->remote_qpn = q.qpn_resp.bits(31, 8);
   id->remote_psn = q.psn_misc.bits(31, 8);
+  // From the passive side's view (cm.c cm_format_req_event): what the
+  // active side reads at once is what we must answer as responder.
+  id->responder_resources = static_cast<uint8_t>(q.eecn_init.bits(7, 0));
+  id->initiator_depth = static_cast<uint8_t>(q.qpn_resp.bits(7, 0));
   id->retry_count = static_cast<uint8_t>(q.psn_misc.bits(2, 0));
   id->rnr_retry = static_cast<uint8_t>(q.mtu_rnr.bits(2, 0));
   id->tos = q.primary.traffic_class;
@@ -1620,8 +1624,8 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
   p.qp_num = id->remote_qpn;
   std::memcpy(p.private_data, q.private_data + sizeof hdr, cm::kUserReqPrivate);
   p.private_data_len = cm::kUserReqPrivate;
-  p.responder_resources = static_cast<uint8_t>(q.qpn_resp.bits(7, 0));
-  p.initiator_depth = static_cast<uint8_t>(q.eecn_init.bits(7, 0));
+  p.responder_resources = id->responder_resources;
+  p.initiator_depth = id->initiator_depth;
   p.flow_control = static_cast<uint8_t>(q.reecn_misc.bits(0, 0));
   p.retry_count = id->retry_count;
   p.rnr_retry_count = id->rnr_retry;
@@ -1646,10 +1650,10 @@ void CmService::Impl::on_rep(const std::string& from, const cm::Mad& m) {
   id->remote_qpn = q.local_qpn.bits(31, 8);
   id->remote_psn = q.starting_psn.bits(31, 8);
   id->rnr_retry = static_cast<uint8_t>(q.rnr_srq.bits(7, 5));
-  // Our QP reads what the peer grants: its responder resources bound our
+  // As cm.c cm_rep_handler: the peer's responder resources are our
   // initiator depth, its initiator depth our responder resources.
-  id->initiator_depth = std::min(id->initiator_depth, q.responder_resources);
-  id->responder_resources = std::min(id->responder_resources, q.initiator_depth);
+  id->initiator_depth = q.responder_resources;
+  id->responder_resources = q.initiator_depth;
   id->retry_at = -1;
   id->st = St::RepRcvd;
   Event ev = event_for(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
@@ -1657,8 +1661,8 @@ void CmService::Impl::on_rep(const std::string& from, const cm::Mad& m) {
   p.qp_num = id->remote_qpn;
   std::memcpy(p.private_data, q.private_data, cm::kRepPrivate);
   p.private_data_len = static_cast<uint8_t>(cm::kRepPrivate);
-  p.responder_resources = q.responder_resources;
-  p.initiator_depth = q.initiator_depth;
+  p.responder_resources = id->responder_resources;  // swapped, as cm_format_rep_event
+  p.initiator_depth = id->initiator_depth;
   p.flow_control = static_cast<uint8_t>(q.ack_failover.bits(0, 0));
   p.rnr_retry_count = id->rnr_retry;
   p.srq = static_cast<uint8_t>(q.rnr_srq.bits(4, 4));
@@ -1676,6 +1680,12 @@ void CmService::Impl::on_rtu(const std::string& from, const cm::Mad& m) {
 
 void CmService::Impl::on_rej(const std::string& from, const cm::Mad& m) {
   Id* id = by_local_comm(static_cast<uint32_t>(m.rej.remote_comm_id.get()), from);
+  if (!id && m.rej.remote_comm_id.get() == 0) {
+    // The active side gave up before it saw our REP: it knows only its own comm id.
+    const uint32_t theirs = static_cast<uint32_t>(m.rej.local_comm_id.get());
+    for (auto& [h, o] : ids)
+      if (o->remote_comm == theirs && o->peer == from && o->local_comm && o->listener) id = o.get();
+  }
   if (!id) return;
   if (id->st != St::ReqSent && id->st != St::RepSent && id->st != St::RepRcvd && id->st != St::ReqRcvd) return;
   id->retry_at = -1;

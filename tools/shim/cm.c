@@ -361,9 +361,16 @@ static ssize_t cm_write(int fd, const void *buf, size_t len) {
         errno = EAGAIN;
         return -1;
       }
-      if (!(p.revents & POLLIN)) {
-        errno = EIO; /* the daemon went away */
-        return -1;
+      if ((p.revents & (POLLHUP | POLLERR)) || !(p.revents & POLLIN)) {
+        /* The daemon went away (its end closed: POLLHUP, with POLLIN for the EOF): no event will ever come on this channel.
+         * Block as the contract says (connections already set up go on:
+         * their QPs do not need the daemon), or EAGAIN under O_NONBLOCK. */
+        if (nonblock) {
+          errno = EAGAIN;
+          return -1;
+        }
+        for (;;)
+          if (poll(NULL, 0, -1) < 0) return -1; /* EINTR */
       }
     }
     int rc = round_trip(fd, &r, req_len, &rep, resp, hdr.out < sizeof resp ? hdr.out : sizeof resp);
