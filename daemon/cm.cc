@@ -1594,7 +1594,9 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
     send_rej(from, 0, remote_comm, cm::kRejNoResources, 0, nullptr, 0);
     return;
   }
-  Id* id = new_id(l->ch, l->uid, l->ps, l->qp_type);
+  // uid 0 until ACCEPT names one (ucma): events before that (a REJ) reach
+  // librdmacm by handle, which drops them as the kernel's would be dropped.
+  Id* id = new_id(l->ch, 0, l->ps, l->qp_type);
   id->listener = l->handle;
   id->st = St::ReqRcvd;
   id->src = dst;
@@ -1918,7 +1920,7 @@ void CmService::Impl::on_sidr_req(const std::string& from, const cm::Mad& m) {
     send_mad(from, rep);
     return;
   }
-  Id* id = new_id(l->ch, l->uid, l->ps, l->qp_type);
+  Id* id = new_id(l->ch, 0, l->ps, l->qp_type);  // uid 0 until ACCEPT (see on_req)
   id->listener = l->handle;
   id->st = St::ReqRcvd;
   id->src = dst;

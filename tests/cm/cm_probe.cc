@@ -10,6 +10,8 @@
 //       reject: reject with private data "no-thanks".
 //       hold:   print REQUEST and never answer; exit 0 on REJECTED (the
 //               client went away) or get killed by a fault test.
+//       wait:   print REQUEST, accept once a line comes on stdin; print
+//               ACCEPT-FAILED <errno> if that fails, exit 0 on REJECTED.
 //   cm_probe client ADDR PORT EXPECTED_EVENT
 //       connect with private data "cli-hello"; print every event as
 //       "EVENT <name> <status> <ms since connect>" (and the peer's private
@@ -189,6 +191,12 @@ int server(const char* ip, int port, const std::string& mode) {
         std::fflush(stdout);
         continue;  // never answered: wait for what the client's end does
       }
+      if (mode == "wait") {  // accept once the test writes a line to stdin
+        std::printf("REQUEST\n");
+        std::fflush(stdout);
+        char line[16];
+        if (!std::fgets(line, sizeof line, stdin)) return 1;
+      }
       if (mode == "reject") {
         static const char no[] = "no-thanks";
         if (rdma_reject(id, no, sizeof no)) die("rdma_reject");
@@ -206,7 +214,14 @@ int server(const char* ip, int port, const std::string& mode) {
       cp.private_data_len = sizeof hello;
       cp.responder_resources = cp.initiator_depth = 1;
       cp.rnr_retry_count = 7;
-      if (rdma_accept(id, &cp)) die("rdma_accept");
+      if (rdma_accept(id, &cp)) {
+        if (mode != "wait") die("rdma_accept");
+        std::printf("ACCEPT-FAILED %d\n", errno);  // the client went away first
+        std::fflush(stdout);
+        return 0;
+      }
+      std::printf("ACCEPTED\n");
+      std::fflush(stdout);
       continue;
     }
     rdma_ack_cm_event(ev);
@@ -236,7 +251,7 @@ int server(const char* ip, int port, const std::string& mode) {
       rdma_destroy_id(listen);
       rdma_destroy_event_channel(ch);
       return 0;
-    } else if (type == RDMA_CM_EVENT_REJECTED && mode == "hold") {
+    } else if (type == RDMA_CM_EVENT_REJECTED && (mode == "hold" || mode == "wait")) {
       return 0;
     }
   }
