@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "cm.h"
 #include "daemon_client.h"
 #include "device_setup.h"
 #include "gid_table.h"
@@ -101,7 +102,10 @@ struct Client {
 
 class Daemon {
  public:
-  Daemon(std::string home, DaemonPaths paths) : home_(std::move(home)), paths_(std::move(paths)) {
+  Daemon(std::string home, DaemonPaths paths)
+      : home_(std::move(home)), paths_(std::move(paths)), cm_(home_, paths_, [](const std::string& m) {
+          logf("%s", m.c_str());
+        }) {
     handlers_["ping"] = [this](const std::string&) {
       return "ok pid=" + std::to_string(::getpid()) + " devices=" + std::to_string(devices_.size());
     };
@@ -143,6 +147,7 @@ class Daemon {
   std::vector<Client> clients_;
   std::vector<Served> devices_;
   std::map<std::string, std::function<std::string(const std::string&)>> handlers_;
+  CmService cm_;  // RDMA CM (daemon/cm.h): its own sockets beside the control socket
   bool dirty_ = true;
   bool stop_ = false;
   int64_t last_refresh_ = 0;
@@ -207,6 +212,7 @@ int Daemon::setup(std::string* why) {
     *why = "cannot listen on " + paths_.sock + ": " + std::strerror(errno);
     return errno;
   }
+  if (int rc = cm_.setup(why)) return rc;
   const ProcessId self = self_process();
   if (int rc = write_file_atomic(paths_.pid, std::to_string(self.pid) + " " + std::to_string(self.start_time) + "\n",
                                  0600)) {
@@ -414,8 +420,11 @@ int Daemon::run() {
     fds.push_back({sig_fd_, POLLIN, 0});
     for (const Client& c : clients_)
       fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+    const size_t cm_first = fds.size();
+    cm_.add_fds(&fds);
     const int64_t until_refresh = last_refresh_ + kPeriodicRefreshMs - now_ms();
     int timeout = dirty_ ? 0 : static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(until_refresh, 500)));
+    if (const int cm_timeout = cm_.timeout_ms(); cm_timeout >= 0) timeout = std::min(timeout, cm_timeout);
     int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) {
       logf("poll: %s", std::strerror(errno));
@@ -435,9 +444,10 @@ int Daemon::run() {
       // what the last notification said.
       if (dirty_) refresh("netlink");
       if (fds[1].revents & POLLIN) on_accept();
-      for (size_t i = 3; i < fds.size() && i - 3 < clients_.size(); ++i)
+      for (size_t i = 3; i < cm_first && i - 3 < clients_.size(); ++i)
         if (fds[i].revents) on_client(clients_[i - 3], fds[i].revents);
     }
+    cm_.handle(fds.data() + cm_first, fds.size() - cm_first);  // also runs its timers
     const int64_t now = now_ms();
     for (Client& c : clients_) {
       if (c.dead || (c.closing && c.out.empty()) || now - c.since > kClientTimeoutMs) {
@@ -447,6 +457,7 @@ int Daemon::run() {
     }
     std::erase_if(clients_, [](const Client& c) { return c.fd < 0; });
     if (dirty_ || now - last_refresh_ >= kPeriodicRefreshMs) refresh("periodic");
+    if (cm_.channels() > 0) idle_since_ = devices_.empty() ? now_ms() : -1;  // open CM channels keep it
     if (idle_since_ >= 0 && now_ms() - idle_since_ >= kIdleExitMs) {
       logf("no RoCE device of this network namespace left: stopping");
       break;

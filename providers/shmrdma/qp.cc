@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <cstring>
 #include <new>
 
 #include "provider.h"
@@ -11,12 +12,23 @@ namespace shmrdma::provider {
 
 namespace {
 
+// The enum fields as the integers they hold: callers leave the fields their
+// mask does not name uninitialised (librdmacm's ibv_modify_qp to ERR passes
+// only qp_state), and loading such garbage as an enum is undefined (UBSan).
+template <class E>
+uint32_t raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(uint32_t));
+  uint32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 QpAttr to_core(const ibv_qp_attr& a) {
   QpAttr c;
-  c.qp_state = a.qp_state;
-  c.cur_qp_state = a.cur_qp_state;
-  c.path_mtu = a.path_mtu;
-  c.path_mig_state = a.path_mig_state;
+  c.qp_state = raw_enum(a.qp_state);
+  c.cur_qp_state = raw_enum(a.cur_qp_state);
+  c.path_mtu = raw_enum(a.path_mtu);
+  c.path_mig_state = raw_enum(a.path_mig_state);
   c.qkey = a.qkey;
   c.rq_psn = a.rq_psn;
   c.sq_psn = a.sq_psn;

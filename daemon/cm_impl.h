@@ -1,0 +1,349 @@
+// The RDMA CM service's private types (daemon/cm.cc, cm_commands.cc,
+// cm_exchange.cc): channels, ids, events, multicast joins, and the
+// service's state (CmService::Impl). See cm.h for the whole picture.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_user_cm.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+
+#include "cm/cm_proto.h"
+#include "cm/wire.h"
+#include "device_setup.h"
+#include "paths.h"
+#include "gid_directory.h"
+#include "gid_table.h"
+#include "registry.h"
+
+#include "cm.h"
+
+namespace shmrdma {
+namespace cmsvc {
+
+
+constexpr int kRetryMs = 400;      // REQ / REP / DREQ retransmission interval
+constexpr int kMaxRetries = 3;     // then UNREACHABLE / CONNECT_ERROR / DISCONNECTED (within 2 s)
+constexpr size_t kMaxChannels = 1024;
+constexpr size_t kMaxOutbox = 4096;
+constexpr int64_t kOutboxMaxAgeMs = 2000;
+constexpr int kOutboxTickMs = 2;
+constexpr uint32_t kMaxBacklog = 1024;  // /proc/sys/net/rdma_ucm/max_backlog's default
+constexpr uint8_t kDefaultAckTimeout = 17;  // RoCE: packet life time 16 + 1 (cma.c)
+constexpr uint8_t kHopLimit = 64;
+constexpr uint32_t kUdpQkey = 0x01234567;
+
+inline int64_t now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
+enum class St {
+  Idle,
+  Bound,
+  AddrResolved,
+  RouteResolved,
+  Listen,
+  ReqSent,      // active: REQ out, waiting for REP
+  ReqRcvd,      // passive: CONNECT_REQUEST queued or reported, waiting for ACCEPT/REJECT
+  RepSent,      // passive: REP out, waiting for RTU
+  RepRcvd,      // active: CONNECT_RESPONSE queued, waiting for ACCEPT (-> RTU)
+  Established,
+  DreqSent,
+  Disconnected,
+  Rejected,
+};
+
+// An IP address (IPv4 as v4-mapped IPv6) and port, and the family it came as.
+struct Addr {
+  uint16_t family = 0;
+  uint8_t ip[16] = {};
+  uint16_t port = 0;  // host order
+  bool any() const {
+    static const uint8_t zero[16] = {};
+    static const uint8_t v4any[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+    return !std::memcmp(ip, zero, 16) || !std::memcmp(ip, v4any, 16);
+  }
+  bool loopback() const {
+    static const uint8_t v6lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    return !std::memcmp(ip, v6lo, 16) || (v4() && ip[12] == 127);
+  }
+  bool v4() const {
+    static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return !std::memcmp(ip, pre, 12);
+  }
+  bool same_ip(const Addr& o) const { return !std::memcmp(ip, o.ip, 16); }
+};
+
+// Parses the sockaddr the command carries (sockaddr_in6-sized or storage).
+inline int parse_addr(const void* p, size_t len, Addr* out) {
+  sa_family_t fam;
+  if (len < sizeof fam) return EINVAL;
+  std::memcpy(&fam, p, sizeof fam);
+  *out = Addr{};
+  if (fam == AF_INET) {
+    if (len < sizeof(sockaddr_in)) return EINVAL;
+    sockaddr_in a;
+    std::memcpy(&a, p, sizeof a);
+    out->family = AF_INET;
+    out->ip[10] = out->ip[11] = 0xff;
+    std::memcpy(out->ip + 12, &a.sin_addr, 4);
+    out->port = ntohs(a.sin_port);
+    return 0;
+  }
+  if (fam == AF_INET6) {
+    if (len < sizeof(sockaddr_in6)) return EINVAL;
+    sockaddr_in6 a;
+    std::memcpy(&a, p, sizeof a);
+    out->family = AF_INET6;
+    std::memcpy(out->ip, &a.sin6_addr, 16);
+    out->port = ntohs(a.sin6_port);
+    return 0;
+  }
+  return EAFNOSUPPORT;
+}
+
+// The sockaddr librdmacm expects back (a sockaddr_in6-sized slot).
+inline void store_addr(const Addr& a, void* slot, size_t len) {
+  std::memset(slot, 0, len);
+  if (a.family == AF_INET) {
+    sockaddr_in s{};
+    s.sin_family = AF_INET;
+    s.sin_port = htons(a.port);
+    std::memcpy(&s.sin_addr, a.ip + 12, 4);
+    std::memcpy(slot, &s, std::min(len, sizeof s));
+  } else if (a.family == AF_INET6) {
+    sockaddr_in6 s{};
+    s.sin6_family = AF_INET6;
+    s.sin6_port = htons(a.port);
+    std::memcpy(&s.sin6_addr, a.ip, 16);
+    std::memcpy(slot, &s, std::min(len, sizeof s));
+  }
+}
+
+struct Event {
+  rdma_ucm_event_resp resp{};
+  uint32_t owner = 0;  // the id it counts for (CONNECT_REQUEST: the listener)
+  uint32_t child = 0;  // CONNECT_REQUEST: the new id
+  uint32_t mc = 0;     // MULTICAST_JOIN: the join it counts for too
+};
+
+// A multicast join of an id (JOIN_IP_MCAST / JOIN_MCAST).
+struct Join {
+  uint32_t handle = 0;
+  uint32_t owner = 0;  // the id
+  uint64_t uid = 0;
+  Addr addr;
+  uint32_t events_reported = 0;
+};
+
+struct Channel {
+  int fd = -1;
+  uint64_t key = 0;
+  std::deque<Event> events;
+  bool dead = false;
+};
+
+// The device side of an id: which RoCE device, port and GID it uses.
+struct DevBind {
+  bool set = false;
+  Registry* reg = nullptr;  // owned by the GidDirectory (lives as long as it)
+  uint64_t node_guid = 0;   // as DeviceRecord holds it
+  uint32_t port = 1;
+  uint32_t gid_index = 0;
+  uint8_t sgid[16] = {};
+  uint32_t active_mtu = IBV_MTU_1024;
+};
+
+struct Id {
+  uint32_t handle = 0;
+  Channel* ch = nullptr;
+  uint64_t uid = 0;
+  uint16_t ps = 0;
+  uint8_t qp_type = 0;
+  St st = St::Idle;
+  Addr src, dst;
+  bool port_bound = false;
+  DevBind dev;
+  uint8_t dgid[16] = {};
+  uint32_t backlog = 0;
+  uint32_t listener = 0;  // passive ids: the listener's handle (0 once gone)
+  bool reported = false;  // passive ids: the CONNECT_REQUEST was handed out
+  uint8_t tos = 0;
+  bool reuseaddr = false;
+  int afonly = -1;
+  uint8_t ack_timeout = 0;  // 0: default
+  uint32_t events_reported = 0;
+  // The IB CM exchange.
+  uint32_t local_comm = 0, remote_comm = 0;
+  std::string peer;  // the peer daemon's MAD socket
+  uint32_t local_qpn = 0, remote_qpn = 0, local_psn = 0, remote_psn = 0;
+  uint8_t responder_resources = 0, initiator_depth = 0;  // for our QP (RTR / RTS)
+  uint8_t retry_count = 7, rnr_retry = 7;                // for our QP's RTS
+  uint32_t qkey = 0;
+  cm::Mad last{};            // what the timer retransmits
+  int retries_left = 0;
+  int64_t retry_at = -1;     // -1: no timer
+};
+
+// The event numbers of the ucma ABI (rdma_cma.h enum rdma_cm_event_type,
+// whose header clashes with rdma_user_cm.h).
+enum : uint32_t {
+  RDMA_CM_EVENT_ADDR_RESOLVED = 0,
+  RDMA_CM_EVENT_ADDR_ERROR = 1,
+  RDMA_CM_EVENT_ROUTE_RESOLVED = 2,
+  RDMA_CM_EVENT_ROUTE_ERROR = 3,
+  RDMA_CM_EVENT_CONNECT_REQUEST = 4,
+  RDMA_CM_EVENT_CONNECT_RESPONSE = 5,
+  RDMA_CM_EVENT_CONNECT_ERROR = 6,
+  RDMA_CM_EVENT_UNREACHABLE = 7,
+  RDMA_CM_EVENT_REJECTED = 8,
+  RDMA_CM_EVENT_ESTABLISHED = 9,
+  RDMA_CM_EVENT_DISCONNECTED = 10,
+  RDMA_CM_EVENT_MULTICAST_JOIN = 12,
+  RDMA_CM_EVENT_MULTICAST_ERROR = 13,
+};
+
+// The IP port spaces' service id (cma.c cma_get_service_id).
+inline uint64_t service_id_of(uint16_t ps, uint16_t port) { return (uint64_t{ps} << 16) | port; }
+
+struct ReplyOut {
+  int err = 0;
+  uint32_t flags = 0;
+  std::vector<uint8_t> body;
+};
+
+template <class T>
+inline bool take(const std::vector<uint8_t>& in, T* out) {
+  // The kernel copies sizeof(cmd) from the user's buffer; we have what the
+  // shim copied (hdr.in bytes, capped): short commands read as zero-filled.
+  std::memset(out, 0, sizeof *out);
+  std::memcpy(out, in.data(), std::min(in.size(), sizeof *out));
+  return true;
+}
+
+template <class T>
+inline void put(ReplyOut* r, const T& v, uint16_t out) {
+  r->body.resize(std::min<size_t>(sizeof v, out));
+  std::memcpy(r->body.data(), &v, r->body.size());
+}
+
+
+}  // namespace cmsvc
+using namespace cmsvc;  // only the CM service's own files include this header
+
+struct CmService::Impl {
+  Impl(std::string home, DaemonPaths paths, Logger log)
+      : home(std::move(home)), paths(std::move(paths)), log(std::move(log)), gids(this->home) {
+    std::random_device rd;
+    rng.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+  }
+  ~Impl() {
+    for (auto& c : channels) ::close(c->fd);
+    if (listen_fd >= 0) ::close(listen_fd);
+    if (mad_fd >= 0) ::close(mad_fd);
+    if (listen_fd >= 0) ::unlink(chan_path.c_str());
+    if (mad_fd >= 0) ::unlink(mad_path.c_str());
+  }
+
+  std::string home;
+  DaemonPaths paths;
+  Logger log;
+  GidDirectory gids;
+  std::mt19937_64 rng;
+  std::string chan_path, mad_path;
+  int listen_fd = -1, mad_fd = -1;
+  std::vector<std::unique_ptr<Channel>> channels;
+  std::map<uint32_t, std::unique_ptr<Id>> ids;
+  std::map<uint32_t, uint32_t> by_comm;  // local comm id -> handle
+  std::map<uint32_t, Join> joins;        // multicast joins by handle (numbered with the ids)
+  struct Outgoing {
+    std::string peer;
+    cm::Mad mad;
+    int64_t since;
+  };
+  std::deque<Outgoing> outbox;
+  uint32_t next_handle = 1;
+
+  int setup(std::string* why);
+  void on_accept();
+  void on_channel(Channel& c);
+  void close_channel(Channel& c);
+  void on_mad();
+
+  // Commands.
+  ReplyOut command(Channel& c, const shmrdma_cm_request& h, const std::vector<uint8_t>& in,
+                   const std::vector<uint8_t>& opt);
+  Id* find(Channel& c, uint32_t handle, int* err);
+  void cmd_create(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_destroy(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_bind(Channel& c, uint32_t handle, const void* addr, size_t len, ReplyOut* r);
+  void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r);
+  void cmd_query_route(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_connect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_listen(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_accept(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_reject(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_disconnect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_init_qp_attr(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_get_event(Channel& c, uint16_t out, ReplyOut* r);
+  void cmd_set_option(Channel& c, const std::vector<uint8_t>& in, const std::vector<uint8_t>& opt, ReplyOut* r);
+  void cmd_notify(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
+  void cmd_join(Channel& c, uint32_t handle, uint64_t uid, const void* addr, size_t len, uint16_t flags,
+                uint16_t out, ReplyOut* r);
+  void cmd_leave(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void cmd_connect_ud(Id* id, const rdma_ucm_conn_param& p, ReplyOut* r);
+  void cmd_accept_ud(Id* id, const rdma_ucm_accept& cmd, ReplyOut* r);
+  void on_sidr_req(const std::string& from, const cm::Mad& m);
+  void on_sidr_rep(const std::string& from, const cm::Mad& m);
+  void fill_ah(const Id* id, const uint8_t dgid[16], ib_uverbs_ah_attr* ah);
+  void cmd_migrate(Channel& c, const shmrdma_cm_request& h, const std::vector<uint8_t>& in, uint16_t out,
+                   ReplyOut* r);
+
+  // Ids, ports, events.
+  Id* new_id(Channel* c, uint64_t uid, uint16_t ps, uint8_t qp_type);
+  uint32_t destroy_id(Id* id, bool* drained);
+  void teardown(Id* id);
+  int bind_port(Id* id, uint16_t port);
+  int set_device_for(const Addr& a, DevBind* d);
+  bool local_ip(const Addr& a);
+  void queue(Id* id, Event ev, uint32_t owner);
+  Event event_for(Id* id, uint32_t type, int32_t status);
+  void token(Channel& c);
+  int loopback_source(Addr* s);
+
+  // The exchange.
+  std::string peer_for(const uint8_t gid[16]);
+  uint32_t new_comm(uint32_t handle);
+  bool send_mad(const std::string& peer, const cm::Mad& m);
+  void flush_outbox();
+  void send_rej(const std::string& peer, uint32_t local_comm, uint32_t remote_comm, uint16_t reason,
+                uint8_t msg, const uint8_t* pd, size_t pd_len);
+  void arm(Id* id, const cm::Mad& m);
+  void on_req(const std::string& from, const cm::Mad& m);
+  void on_rep(const std::string& from, const cm::Mad& m);
+  void on_rtu(const std::string& from, const cm::Mad& m);
+  void on_rej(const std::string& from, const cm::Mad& m);
+  void on_dreq(const std::string& from, const cm::Mad& m);
+  void on_drep(const std::string& from, const cm::Mad& m);
+  Id* by_local_comm(uint32_t comm, const std::string& from);
+  void timers();
+};
+
+}  // namespace shmrdma

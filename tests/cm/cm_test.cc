@@ -1,0 +1,438 @@
+// RDMA CM through the stock librdmacm (issue 11), as a user sees it (as
+// root): two network namespaces joined by a veth pair, one state home,
+// `shmrdma up --netdev` in each (the daemons serve RDMA CM), then stock
+// librdmacm programs and cm_probe (ours) under `shmrdma run` in them, server
+// and client as separate processes.
+//
+// Every test makes its own namespaces and interfaces, named after the test
+// process's pid, with addresses from 198.18.0.0/15, and removes them (and
+// the daemons of its home) in TearDown, also when it fails or is killed.
+// Without root, `ip` or the stock tools the tests skip and say why.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+
+namespace {
+
+using itest::Child;
+using itest::Result;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string env(const char* n) {
+  const char* v = std::getenv(n);
+  return v ? v : "";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+bool have(const std::string& prog) { return itest::run({"sh", "-c", "command -v " + prog}).ok(); }
+
+// Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
+// the handler execs a shell that removes what the test made.
+char g_cleanup[4096];
+void on_fatal_signal(int) {
+  const char* argv[] = {"/bin/sh", "-c", g_cleanup, nullptr};
+  ::execv("/bin/sh", const_cast<char* const*>(argv));
+  ::_exit(1);
+}
+
+class Cm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
+    if (!itest::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
+    bin_ = env("SHMRDMA_BIN");
+    probe_ = env("CM_PROBE_BIN");
+    ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and CM_PROBE_BIN";
+    const std::string id = std::to_string(::getpid());
+    ns_a_ = "shmrdma-cm" + id + "a";
+    ns_b_ = "shmrdma-cm" + id + "b";
+    if_a_ = "cmA" + id;
+    if_b_ = "cmB" + id;
+    const int octet = static_cast<int>(::getpid() % 250) + 1;
+    net_ = "198.19." + std::to_string(octet) + ".";
+    a_ = net_ + "1";
+    b_ = net_ + "2";
+    char tmpl[] = "/tmp/shmrdma-cm-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    home_ = tmpl;
+    made_ = true;
+    std::snprintf(g_cleanup, sizeof g_cleanup,
+                  "pkill -9 -f '%s' ; for f in %s/daemon/*.pid; do [ -f \"$f\" ] && kill -9 $(cut -d' ' -f1 \"$f\"); "
+                  "done; for d in %s/devices/*; do [ -d \"$d\" ] || continue; n=$(basename \"$d\"); "
+                  "for ns in %s %s; do ip netns exec $ns %s --home %s down --force --name $n; done; done; "
+                  "ip netns del %s; ip netns del %s; rm -rf %s; exit 1",
+                  home_.c_str(), home_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), bin_.c_str(),
+                  home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), home_.c_str());
+    ::signal(SIGTERM, on_fatal_signal);
+    ::signal(SIGINT, on_fatal_signal);
+    ::signal(SIGPIPE, SIG_IGN);
+    ip({"netns", "add", ns_a_});
+    ip({"netns", "add", ns_b_});
+    ip({"link", "add", if_a_, "type", "veth", "peer", "name", if_b_});
+    ip({"link", "set", if_a_, "netns", ns_a_});
+    ip({"link", "set", if_b_, "netns", ns_b_});
+    ip({"-n", ns_a_, "addr", "add", a_ + "/24", "dev", if_a_});
+    ip({"-n", ns_b_, "addr", "add", b_ + "/24", "dev", if_b_});
+    for (const auto& [ns, ifname] : {std::pair{ns_a_, if_a_}, std::pair{ns_b_, if_b_}}) {
+      ip({"-n", ns, "link", "set", ifname, "up"});
+      ip({"-n", ns, "link", "set", "lo", "up"});
+    }
+    Result r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
+    ASSERT_TRUE(r.ok()) << r.describe();
+    r = shm(ns_b_, {"up", "--name", "roceB", "--netdev", if_b_});
+    ASSERT_TRUE(r.ok()) << r.describe();
+  }
+
+  void TearDown() override {
+    if (!made_) return;
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    for (const auto& ns : {ns_a_, ns_b_}) {
+      if (::access((home_ + "/devices").c_str(), F_OK) != 0) break;
+      for (const auto& e : fs::directory_iterator(home_ + "/devices"))
+        (void)shm(ns, {"down", "--force", "--name", e.path().filename().string()});
+    }
+    if (DIR* d = ::opendir((home_ + "/daemon").c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n.size() < 4 || n.substr(n.size() - 4) != ".pid") continue;
+        long pid = std::atol(slurp(home_ + "/daemon/" + n).c_str());
+        if (pid > 1) ::kill(static_cast<pid_t>(pid), SIGKILL);
+      }
+      ::closedir(d);
+    }
+    if (HasFailure())
+      for (const auto& e : fs::directory_iterator(home_ + "/daemon"))
+        if (e.path().extension() == ".log") std::printf("--- %s\n%s", e.path().c_str(), slurp(e.path()).c_str());
+    itest::run({"ip", "netns", "del", ns_a_});
+    itest::run({"ip", "netns", "del", ns_b_});
+    std::error_code ec;
+    fs::remove_all(home_, ec);
+  }
+
+  void ip(std::vector<std::string> args) {
+    args.insert(args.begin(), "ip");
+    Result r = itest::run(args);
+    ASSERT_TRUE(r.ok()) << r.describe();
+  }
+  std::vector<std::string> cmd(const std::string& ns, std::vector<std::string> args) {
+    args.insert(args.begin(), {"ip", "netns", "exec", ns, bin_, "--home", home_});
+    return args;
+  }
+  Result shm(const std::string& ns, std::vector<std::string> args, int timeout_ms = 30000) {
+    return itest::run(cmd(ns, std::move(args)), timeout_ms);
+  }
+  // `shmrdma run -- PROGRAM...` inside namespace ns.
+  std::vector<std::string> app(const std::string& ns, std::vector<std::string> args) {
+    args.insert(args.begin(), {"run", "--"});
+    return cmd(ns, std::move(args));
+  }
+  void need(const std::vector<std::string>& progs) {
+    for (const auto& p : progs)
+      if (!have(p)) GTEST_SKIP() << p << " is not installed (Debian: rdmacm-utils, perftest, libfabric-bin)";
+  }
+
+  // A server in ns_s and a client in ns_c, both must exit 0; returns both results.
+  // A server that never exits by itself (forever) is killed once the client is done.
+  std::pair<Result, Result> pair(const std::string& ns_s, std::vector<std::string> server, const std::string& ns_c,
+                                 std::vector<std::string> client, int timeout_ms = 60000, bool forever = false) {
+    Child s;
+    std::string why;
+    EXPECT_TRUE(s.start(app(ns_s, server), &why)) << why;
+    // The server is listening once its daemon has its id; stock servers print
+    // nothing first, so give them a moment (the client would get REJECTED,
+    // and the test say so, if it were not enough).
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    Child cl;
+    EXPECT_TRUE(cl.start(app(ns_c, client), &why)) << why;
+    // Drain both outputs while they run (a pipe may hold a single page).
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    bool s_eof = false, c_eof = false;
+    while ((!s_eof || !c_eof) && Clock::now() < deadline) {
+      if (forever && c_eof) {
+        s.kill_and_reap(SIGTERM);
+        break;
+      }
+      if (!c_eof) cl.read_line(20, &c_eof);
+      if (!s_eof) s.read_line(20, &s_eof);
+    }
+    Result c = cl.wait(1000);
+    Result r = s.wait(1000);
+    EXPECT_TRUE(c.ok()) << "client " << client[0] << ": " << c.describe();
+    if (!forever) {
+      EXPECT_TRUE(r.ok()) << "server " << server[0] << ": " << r.describe();
+    }
+    return {r, c};
+  }
+
+  std::string port() { return std::to_string(20000 + (next_port_++) + (::getpid() % 1000) * 10); }
+
+  std::string bin_, probe_, home_, ns_a_, ns_b_, if_a_, if_b_, net_, a_, b_;
+  bool made_ = false;
+  int next_port_ = 0;
+};
+
+using CmStock = Cm;  // stock programs (left out of the TSan build: they cannot load an instrumented plugin)
+using CmProbe = Cm;  // our own cm_probe
+
+TEST_F(CmStock, RpingAcrossNamespacesVerifiesData) {
+  need({"rping"});
+  const std::string p = port();
+  auto [s, c] = pair(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "1000", "-v", "-V"}, ns_b_,
+                     {"rping", "-c", "-a", a_, "-p", p, "-C", "1000", "-v", "-V"});
+  EXPECT_TRUE(contains(s.out, "server ping data: rdma-ping-999:")) << s.out.substr(0, 2000);
+  EXPECT_TRUE(contains(c.out, "ping data: rdma-ping-998:")) << c.out.substr(0, 2000);
+}
+
+TEST_F(CmStock, RpingInOneNamespaceAndOverLoopback) {
+  need({"rping"});
+  std::string p = port();
+  pair(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "100", "-V"}, ns_a_,
+       {"rping", "-c", "-a", a_, "-p", p, "-C", "100", "-V"});
+  p = port();
+  pair(ns_b_, {"rping", "-s", "-a", "127.0.0.1", "-p", p, "-C", "100", "-V"}, ns_b_,
+       {"rping", "-c", "-a", "127.0.0.1", "-p", p, "-C", "100", "-V"});
+  // A wildcard listener is reached from the other namespace.
+  p = port();
+  pair(ns_a_, {"rping", "-s", "-p", p, "-C", "10", "-V"}, ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "10", "-V"});
+}
+
+TEST_F(CmStock, UcmatoseConnectionsAndMigrate) {
+  need({"ucmatose"});
+  auto [s, c] = pair(ns_a_, {"ucmatose", "-c", "10"}, ns_b_, {"ucmatose", "-s", a_, "-c", "10"});
+  EXPECT_TRUE(contains(c.out, "test complete")) << c.out;
+  auto [s2, c2] = pair(ns_a_, {"ucmatose", "-c", "4", "-m"}, ns_b_, {"ucmatose", "-s", a_, "-c", "4", "-m"});
+  EXPECT_TRUE(contains(c2.out, "migrating to new event channel")) << c2.out;
+}
+
+TEST_F(CmStock, UdaddyAndMckey) {
+  need({"udaddy", "mckey"});
+  auto [s, c] = pair(ns_a_, {"udaddy", "-c", "4"}, ns_b_, {"udaddy", "-s", a_, "-c", "4"});
+  EXPECT_TRUE(contains(c.out, "test complete")) << c.out;
+  auto [s2, c2] = pair(ns_a_, {"mckey", "-m", "224.0.1.77", "-b", a_, "-C", "10"}, ns_b_,
+                       {"mckey", "-m", "224.0.1.77", "-b", b_, "-s", "-C", "10"});
+  EXPECT_TRUE(contains(s2.out, "joined dgid: ::ffff:224.0.1.77")) << s2.out;
+  EXPECT_TRUE(contains(s2.out, "data transfers complete")) << s2.out;
+}
+
+TEST_F(CmStock, RdmaServerClientAndXrcPair) {
+  need({"rdma_server", "rdma_client", "rdma_xserver", "rdma_xclient"});
+  std::string p = port();
+  auto [s, c] = pair(ns_a_, {"rdma_server", "-p", p}, ns_b_, {"rdma_client", "-s", a_, "-p", p});
+  EXPECT_TRUE(contains(c.out, "rdma_client: end 0")) << c.out;
+  p = port();
+  auto [s2, c2] = pair(ns_a_, {"rdma_xserver", "-p", p}, ns_b_, {"rdma_xclient", "-s", a_, "-p", p});
+  EXPECT_TRUE(contains(c2.out, "rdma_xclient: end 0")) << c2.out;
+}
+
+TEST_F(CmStock, RstreamAndRiostreamEveryTransferSize) {
+  need({"rstream", "riostream"});
+  for (const char* tool : {"rstream", "riostream"}) {
+    const std::string p = port();
+    auto [s, c] = pair(ns_a_, {tool, "-p", p}, ns_b_, {tool, "-s", a_, "-p", p}, 240000);
+    EXPECT_TRUE(contains(c.out, "1m_bw")) << tool << ":\n" << c.out;
+  }
+}
+
+TEST_F(CmStock, CmtimeReportsEveryStep) {
+  need({"cmtime"});
+  const std::string p = port();
+  // cmtime's server (v44) serves until it is killed.
+  auto [s, c] = pair(ns_a_, {"cmtime", "-p", p, "-c", "100"}, ns_b_, {"cmtime", "-s", a_, "-p", p, "-c", "100"}, 60000,
+                     true);
+  for (const char* step : {"resolve addr", "resolve route", "connect", "disconnect", "destroy"})
+    EXPECT_TRUE(contains(c.out, step)) << c.out;
+  EXPECT_FALSE(contains(c.out, "error")) << c.out;
+  std::printf("%s", c.out.c_str());  // connections set up per second, for whoever reads the log
+}
+
+TEST_F(CmStock, PerftestOverRdmaCm) {
+  const std::vector<std::string> tools = {"ib_send_bw", "ib_send_lat", "ib_write_bw",  "ib_write_lat",
+                                          "ib_read_bw", "ib_read_lat", "ib_atomic_bw", "ib_atomic_lat"};
+  need(tools);
+  for (const auto& t : tools) {
+    const std::string p = port();
+    auto [s, c] = pair(ns_a_, {t, "-R", "-d", "roceA", "-p", p, "-n", "200"}, ns_b_,
+                       {t, "-R", "-d", "roceB", "-p", p, "-n", "200", a_});
+    EXPECT_TRUE(contains(c.out, "#bytes")) << t << ":\n" << c.out;
+  }
+}
+
+TEST_F(CmStock, LibfabricVerbsProvider) {
+  need({"fi_info", "fi_pingpong"});
+  Result r = shm(ns_a_, {"run", "--", "fi_info", "-p", "verbs"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "FI_EP_MSG")) << r.out;
+  r = shm(ns_a_, {"run", "--", "fi_info", "-p", "verbs;ofi_rxm"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "FI_EP_RDM")) << r.out;
+  // Both devices of the home are visible in each namespace; libfabric takes
+  // the first domain, so name ours (README: RDMA CM).
+  auto [s, c] = pair(ns_a_, {"fi_pingpong", "-p", "verbs", "-e", "msg", "-d", "roceA", "-I", "100"}, ns_b_,
+                     {"fi_pingpong", "-p", "verbs", "-e", "msg", "-d", "roceB", "-I", "100", a_});
+  EXPECT_TRUE(contains(c.out, "1m")) << c.out;
+  auto [s2, c2] = pair(ns_a_, {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-d", "roceA", "-I", "20"}, ns_b_,
+                       {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-d", "roceB", "-I", "20", a_});
+  EXPECT_TRUE(contains(c2.out, "64k")) << c2.out;
+}
+
+TEST_F(CmProbe, BadInputOptionsAndReadiness) {
+  Result r = itest::run(app(ns_a_, {probe_, "errors", a_}), 30000);
+  EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "ERRORS-OK")) << r.out;
+}
+
+TEST_F(CmProbe, AcceptWithPrivateDataThenDisconnect) {
+  for (const auto& ns : {ns_b_, ns_a_}) {  // across namespaces, then within one
+    const std::string p = port();
+    auto [s, c] = pair(ns_a_, {probe_, "server", a_, p, "accept"}, ns, {probe_, "client", a_, p, "DISCONNECT-SELF"});
+    EXPECT_TRUE(contains(s.out, "CONNECT_REQUEST 0") && contains(s.out, "pd=cli-hello pdlen=56")) << s.out;
+    EXPECT_TRUE(contains(s.out, "ESTABLISHED") && contains(s.out, "ECHOED") && contains(s.out, "DISCONNECTED")) << s.out;
+    EXPECT_TRUE(contains(c.out, "ESTABLISHED 0") && contains(c.out, "pd=srv-hello pdlen=196")) << c.out;
+    EXPECT_TRUE(contains(c.out, "ECHO-OK")) << c.out;
+  }
+}
+
+TEST_F(CmProbe, RejectCarriesItsPrivateData) {
+  const std::string p = port();
+  auto [s, c] = pair(ns_a_, {probe_, "server", a_, p, "reject"}, ns_b_,
+                     {probe_, "client", a_, p, "RDMA_CM_EVENT_REJECTED"});
+  // Status: the REJ reason (28, consumer reject), with the full 148-byte field.
+  EXPECT_TRUE(contains(c.out, "EVENT RDMA_CM_EVENT_REJECTED 28 ") && contains(c.out, "pd=no-thanks pdlen=148"))
+      << c.out;
+}
+
+TEST_F(CmProbe, NoListenerIsRefusedAndNobodysAddressFails) {
+  Result r = itest::run(app(ns_b_, {probe_, "client", a_, port(), "RDMA_CM_EVENT_REJECTED"}), 20000);
+  EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "EVENT RDMA_CM_EVENT_REJECTED 8 ")) << r.out;  // invalid service id
+  r = itest::run(app(ns_b_, {probe_, "client", net_ + "9", port(), "RDMA_CM_EVENT_ADDR_ERROR"}), 20000);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+TEST_F(CmProbe, NoDaemonNoChannel) {
+  // The host's own namespace has no RoCE device of this home, so no daemon:
+  // rdma_create_event_channel fails with ENOENT, as without a kernel.
+  Result r = itest::run({bin_, "--home", home_, "run", "--", probe_, "nochannel"}, 20000);
+  EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Faults: a peer killed at each step of the handshake, or once connected,
+// gives the survivor its event within two seconds.
+class CmFaults : public Cm {
+ protected:
+  void start_pair(const std::string& mode, const std::string& expected, Child* s, Child* c) {
+    std::string why;
+    const std::string p = port();
+    ASSERT_TRUE(s->start(app(ns_a_, {probe_, "server", a_, p, mode}), &why)) << why;
+    ASSERT_TRUE(s->wait_for("LISTENING", 10000)) << s->stderr_text();
+    ASSERT_TRUE(c->start(app(ns_b_, {probe_, "client", a_, p, expected}), &why)) << why;
+  }
+  static long ms_until(Child* ch, const std::string& prefix, int timeout_ms) {
+    const auto t0 = Clock::now();
+    if (!ch->wait_for(prefix, timeout_ms)) return -1;
+    return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+  }
+};
+
+TEST_F(CmFaults, ListenerKilledBeforeAcceptRejects) {
+  Child s, c;
+  start_pair("hold", "RDMA_CM_EVENT_REJECTED", &s, &c);
+  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
+  s.kill_and_reap();
+  const long ms = ms_until(&c, "GOT RDMA_CM_EVENT_REJECTED", 2000);
+  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << c.output_so_far() << c.stderr_text();
+}
+
+TEST_F(CmFaults, ClientKilledBeforeTheAcceptFailsIt) {
+  // The kernel's ucma drops events of a request not yet accepted (no uid):
+  // the passive side learns when it accepts.
+  Child s, c;
+  start_pair("wait", "NEVER", &s, &c);
+  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
+  c.kill_and_reap();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s.write_line("go");
+  EXPECT_TRUE(s.wait_for("ACCEPT-FAILED", 2000)) << s.output_so_far() << s.stderr_text();
+}
+
+TEST_F(CmFaults, ClientKilledAfterTheAcceptRejects) {
+  // Accepted (REP sent), then the active side dies before its RTU: the
+  // passive side gets REJECTED within 2 s.
+  Child s, c;
+  start_pair("wait", "NEVER", &s, &c);
+  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
+  ::kill(c.pid(), SIGSTOP);  // it will not answer the REP
+  s.write_line("go");
+  ASSERT_TRUE(s.wait_for("ACCEPTED", 5000)) << s.output_so_far() << s.stderr_text();
+  c.kill_and_reap();
+  const long ms = ms_until(&s, "EVENT RDMA_CM_EVENT_REJECTED", 2000);
+  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << s.output_so_far() << s.stderr_text();
+}
+
+TEST_F(CmFaults, PeerKilledWhileConnectedDisconnects) {
+  Child s, c;
+  start_pair("accept", "RDMA_CM_EVENT_DISCONNECTED", &s, &c);
+  ASSERT_TRUE(c.wait_for("ECHO-OK", 10000)) << c.output_so_far() << c.stderr_text();
+  s.kill_and_reap();
+  const long ms = ms_until(&c, "GOT RDMA_CM_EVENT_DISCONNECTED", 2000);
+  EXPECT_GE(ms, 0) << "no DISCONNECTED within 2 s:\n" << c.output_so_far() << c.stderr_text();
+}
+
+TEST_F(CmFaults, ListenerGoneMeansRefused) {
+  // A listener that existed and died: new connects are refused, not ignored.
+  Child s, c;
+  start_pair("hold", "RDMA_CM_EVENT_REJECTED", &s, &c);
+  ASSERT_TRUE(s.wait_for("REQUEST", 10000));
+  s.kill_and_reap();
+  ASSERT_GE(ms_until(&c, "GOT RDMA_CM_EVENT_REJECTED", 2000), 0) << c.output_so_far();
+  Result r = itest::run(app(ns_b_, {probe_, "client", a_, "1", "RDMA_CM_EVENT_REJECTED"}), 20000);
+  EXPECT_TRUE(r.ok() && contains(r.out, "REJECTED 8 ")) << r.describe();
+}
+
+TEST_F(CmFaults, DaemonKilledKeepsEstablishedQps) {
+  // The daemon is not on the data path: an established rping goes on while
+  // the daemon of the client's namespace is killed.
+  need({"rping"});
+  const std::string p = port();
+  Child s;
+  std::string why;
+  ASSERT_TRUE(s.start(app(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "3000", "-V"}), &why)) << why;
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  Child c;
+  ASSERT_TRUE(c.start(app(ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "3000", "-V", "-v"}), &why)) << why;
+  ASSERT_TRUE(c.wait_for("ping data: rdma-ping-10:", 10000)) << c.output_so_far() << c.stderr_text();
+  int killed = 0;
+  for (const auto& e : fs::directory_iterator(home_ + "/daemon")) {
+    if (e.path().extension() != ".pid") continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(slurp(e.path()).c_str()));
+    Result which = itest::run({"ip", "netns", "identify", std::to_string(pid)});
+    if (pid > 1 && contains(which.out, ns_b_) && ::kill(pid, SIGKILL) == 0) ++killed;
+  }
+  ASSERT_EQ(killed, 1);
+  EXPECT_TRUE(c.wait_for("ping data: rdma-ping-2999:", 30000)) << c.output_so_far() << c.stderr_text();
+}
+
+}  // namespace
