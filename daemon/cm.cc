@@ -301,10 +301,7 @@ bool CmService::Impl::local_ip(const Addr& a) {
 // The RoCE device of this namespace whose GID table holds the address.
 int CmService::Impl::set_device_for(const Addr& a, DevBind* d) {
   GidMatch m;
-  if (!gids.lookup(a.ip, layout::kGidTypeRoceV2, &m) && !gids.lookup(a.ip, kGidTypeAny, &m)) {
-    gids.refresh();
-    if (!gids.lookup(a.ip, layout::kGidTypeRoceV2, &m) && !gids.lookup(a.ip, kGidTypeAny, &m)) return ENODEV;
-  }
+  if (!find_gid(a.ip, layout::kGidTypeRoceV2, &m) && !find_gid(a.ip, kGidTypeAny, &m)) return ENODEV;
   const layout::DeviceRecord& rec = m.registry->device();
   if (rec.net.netns_dev != paths.netns_dev || rec.net.netns_ino != paths.netns_ino) return ENODEV;
   d->set = true;

@@ -7,10 +7,7 @@ namespace shmrdma {
 
 std::string CmService::Impl::peer_for(const uint8_t gid[16]) {
   GidMatch m;
-  if (!gids.lookup(gid, kGidTypeAny, &m)) {
-    gids.refresh();
-    if (!gids.lookup(gid, kGidTypeAny, &m)) return {};
-  }
+  if (!find_gid(gid, kGidTypeAny, &m)) return {};
   const layout::NetBinding& b = m.registry->device().net;
   if (b.link_layer != layout::kLinkLayerEthernet) return {};
   return cm_mad_path(daemon_paths(home, b.netns_dev, b.netns_ino));

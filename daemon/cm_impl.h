@@ -26,7 +26,7 @@
 #include "cm/wire.h"
 #include "device_setup.h"
 #include "paths.h"
-#include "gid_directory.h"
+#include "directory.h"
 #include "gid_table.h"
 #include "registry.h"
 
@@ -162,7 +162,7 @@ struct Channel {
 // The device side of an id: which RoCE device, port and GID it uses.
 struct DevBind {
   bool set = false;
-  Registry* reg = nullptr;  // owned by the GidDirectory (lives as long as it)
+  Registry* reg = nullptr;  // held by the DeviceDirectory (lives as long as it)
   uint64_t node_guid = 0;   // as DeviceRecord holds it
   uint32_t port = 1;
   uint32_t gid_index = 0;
@@ -249,7 +249,8 @@ using namespace cmsvc;  // only the CM service's own files include this header
 
 struct CmService::Impl {
   Impl(std::string home, DaemonPaths paths, Logger log)
-      : home(std::move(home)), paths(std::move(paths)), log(std::move(log)), gids(this->home) {
+      : home(std::move(home)), paths(std::move(paths)), log(std::move(log)) {
+    devices.init(this->home, nullptr);
     std::random_device rd;
     rng.seed((uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
   }
@@ -264,7 +265,26 @@ struct CmService::Impl {
   std::string home;
   DaemonPaths paths;
   Logger log;
-  GidDirectory gids;
+  DeviceDirectory devices;  // every device of the home (none is the daemon's own)
+  // A RoCE device of the home whose port holds `gid` (type layout::GidType or
+  // kGidTypeAny): its registry (valid for the directory's life), port and
+  // GID index. Looks at the home again once before it says no.
+  struct GidMatch {
+    Registry* registry = nullptr;
+    uint32_t port = 0, gid_index = 0;
+  };
+  bool find_gid(const uint8_t gid[16], uint8_t type, GidMatch* m) {
+    for (int pass = 0; pass < 2; ++pass) {
+      uint32_t port = 0, seq = 0, index = 0;
+      HomeDevice* d = devices.by_gid(gid, type, &port, &seq);
+      if (d && d->registry->gid_index_of(port, gid, type, &index)) {
+        *m = GidMatch{d->registry, port, index};
+        return true;
+      }
+      if (pass == 0) devices.rescan(true);
+    }
+    return false;
+  }
   std::mt19937_64 rng;
   std::string chan_path, mad_path;
   int listen_fd = -1, mad_fd = -1;

@@ -49,6 +49,7 @@ uint32_t choose_home_id(const std::string& home, const std::string& name) noexce
 void DeviceDirectory::init(const std::string& home, Registry* own) noexcept {
   try {
     home_ = home;
+    if (!own) return;  // a process without a device of its own (shmrdmad): every device is another's
     self_ = std::make_shared<HomeDevice>();
     self_->self = true;
     self_->registry = own;
@@ -151,8 +152,7 @@ bool DeviceDirectory::gid_on(HomeDevice& d, const uint8_t gid[16], uint8_t type,
 }
 
 HomeDevice* DeviceDirectory::by_gid(const uint8_t gid[16], uint8_t type, uint32_t* port, uint32_t* seq) noexcept {
-  if (!self_) return nullptr;
-  if (gid_on(*self_, gid, type, port, seq)) return self_.get();
+  if (self_ && gid_on(*self_, gid, type, port, seq)) return self_.get();
   std::lock_guard lk(mu_);
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& [name, d] : by_name_)

@@ -46,7 +46,9 @@ struct HomeDevice {
 
 class DeviceDirectory {
  public:
-  // `own` is the context's registry (it outlives the directory).
+  // `own` is the context's registry (it outlives the directory); nullptr
+  // for a process with no device of its own (shmrdmad): lookups by GID then
+  // search every device of the home (by LID and id need an own device).
   void init(const std::string& home, Registry* own) noexcept;
   HomeDevice* self() const noexcept { return self_.get(); }
   uint32_t self_id() const noexcept { return self_id_; }
