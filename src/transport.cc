@@ -52,79 +52,117 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   // mr_entry_update), for MRs (re-registration) and windows (binds) alike;
   // everything below uses the copy. The owner's write is a few stores: a
   // bounded retry outlasts it unless the owner is preempted in the middle.
+  //
+  // The QP keeps the last MR's snapshot (Qp::RemoteKeyCache): while the
+  // entry's seqlock still has the value it had then, the copy is the entry's
+  // content and is used again without reading the entry. Windows are read
+  // every time (their validity, mw_key, changes outside the seqlock). A peer
+  // that rewinds its seqlock to an old value gets its old snapshot back:
+  // validated like any snapshot, it can only direct the access within its
+  // own memory.
   std::atomic_ref<uint32_t> gen(e->generation);
-  uint32_t kind = 0, k = 0, epd = 0, eaccess = 0, mw_qpn = 0, tier = 0;
-  uint64_t iova = 0, length = 0, host = 0, map_start = 0, map_len = 0, map_id = 0;
-  int memfd = -1;
-  bool stable = false;
-  for (int attempt = 0; attempt < 256 && !stable; ++attempt) {
-    if (attempt) {
-      if (attempt % 16 == 0)
-        sched_yield();
-      else
-        __builtin_ia32_pause();
+  Qp::RemoteKeyCache& rc = qp->rkey_cache;
+  Qp::MrSnapshot fresh;
+  const Qp::MrSnapshot* snp = &rc.snap;
+  const bool cached = rc.entry == e && rc.key == key && rc.rkey == rkey && rc.peer_slot == peer.slot &&
+                      rc.peer_generation == peer.generation && rc.peer_home == peer.home_id &&
+                      gen.load(std::memory_order_acquire) == rc.gen;
+  if (!cached) {
+    Qp::MrSnapshot& sn = fresh;
+    snp = &fresh;
+    bool stable = false;
+    uint32_t g = 0;
+    for (int attempt = 0; attempt < 256 && !stable; ++attempt) {
+      if (attempt) {
+        if (attempt % 16 == 0)
+          sched_yield();
+        else
+          __builtin_ia32_pause();
+      }
+      g = gen.load(std::memory_order_acquire);
+      if (g & 1) continue;
+      sn.kind = e->kind;
+      if (sn.kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
+      const uint64_t mk = e->mw_key.load(std::memory_order_acquire);
+      // A window answers only while bound and valid with exactly this key.
+      if (sn.kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
+      sn.key = sn.kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
+      sn.pd = e->pd_index;
+      sn.access = e->access;
+      sn.mw_qpn = e->mw_qpn;
+      sn.iova = e->iova;
+      sn.length = e->length;
+      sn.host = e->host_addr;
+      sn.tier = e->tier;
+      sn.memfd = e->memfd;
+      sn.map_start = e->map_start;
+      sn.map_len = e->map_len;
+      sn.map_id = e->map_id;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      stable = gen.load(std::memory_order_relaxed) == g &&
+               (sn.kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
     }
-    const uint32_t g = gen.load(std::memory_order_acquire);
-    if (g & 1) continue;
-    kind = e->kind;
-    if (kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
-    const uint64_t mk = e->mw_key.load(std::memory_order_acquire);
-    // A window answers only while bound and valid with exactly this key.
-    if (kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
-    k = kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
-    epd = e->pd_index;
-    eaccess = e->access;
-    mw_qpn = e->mw_qpn;
-    iova = e->iova;
-    length = e->length;
-    host = e->host_addr;
-    tier = e->tier;
-    memfd = e->memfd;
-    map_start = e->map_start;
-    map_len = e->map_len;
-    map_id = e->map_id;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    stable = gen.load(std::memory_order_relaxed) == g &&
-             (kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
+    if (!stable) return false;
+    if (sn.kind == layout::kKindMr) {
+      rc.entry = e;
+      rc.key = key;
+      rc.rkey = rkey;
+      rc.peer_slot = peer.slot;
+      rc.peer_generation = peer.generation;
+      rc.peer_home = peer.home_id;
+      rc.gen = g;
+      rc.snap = sn;
+      rc.map.reset();
+    }
   }
-  if (!stable) return false;
-  if (kind == layout::kKindMw2 && mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
-  if (k != key || epd != pd || (eaccess & need) != need) return false;
-  if (addr < iova || len > length || addr - iova > length - len) return false;
-  out->host = host + (addr - iova);
+  const Qp::MrSnapshot& sn = *snp;
+  if (sn.kind == layout::kKindMw2 && sn.mw_qpn != target_qpn) return false;  // type 2B: bound to one QP
+  if (sn.key != key || sn.pd != pd || (sn.access & need) != need) return false;
+  if (addr < sn.iova || len > sn.length || addr - sn.iova > sn.length - len) return false;
+  out->host = sn.host + (addr - sn.iova);
   out->local = nullptr;
   out->mapped = false;
-  out->odp = eaccess & kAccessOnDemand;
+  out->odp = sn.access & kAccessOnDemand;
   if (out->odp) return true;  // CMA only, even within this process: EFAULT, never a fault
   if (peer.self_process) {
     out->local = reinterpret_cast<uint8_t*>(out->host);
-    out->mapped = tier == layout::kTierMapped;
+    out->mapped = sn.tier == layout::kTierMapped;
     return true;
   }
-  if (tier != layout::kTierMapped || out->host < map_start || len > map_len || out->host - map_start > map_len - len)
+  const uint64_t map_start = sn.map_start, map_len = sn.map_len;
+  if (sn.tier != layout::kTierMapped || out->host < map_start || len > map_len ||
+      out->host - map_start > map_len - len)
     return true;  // CMA
+  // The mapping of the cached snapshot, once found.
+  const bool this_snapshot = sn.kind == layout::kKindMr && rc.entry == e && rc.key == key && rc.rkey == rkey;
+  if (this_snapshot && rc.map) {
+    out->local = rc.map->base + (out->host - map_start);
+    out->mapped = true;
+    return true;
+  }
   // Small per-QP cache of mappings: the common case takes no lock.
   const uint32_t ncache = static_cast<uint32_t>(qp->map_cache.size());
   for (uint32_t n = 0, i = qp->map_cache_last; n < ncache; ++n, i = (i + 1) % ncache) {
     auto& c = qp->map_cache[i];  // the entry that hit last time first
     if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.peer_home == peer.home_id &&
-        c.memfd == memfd &&
-        c.map_id == map_id && c.map->start == map_start && c.map->len == map_len) {
+        c.memfd == sn.memfd && c.map_id == sn.map_id && c.map->start == map_start && c.map->len == map_len) {
       qp->map_cache_last = i;
       out->local = c.map->base + (out->host - map_start);
       out->mapped = true;
+      if (this_snapshot) rc.map = c.map;
       return true;
     }
   }
-  std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, memfd, map_id, map_start, map_len);
+  std::shared_ptr<PeerMapping> m = peer.mappings.get(peer.pid, sn.memfd, sn.map_id, map_start, map_len);
   if (!m) return true;  // could not map: CMA still works
   auto& slot = qp->map_cache[qp->map_cache_next++ % qp->map_cache.size()];
   slot.map = m;
   slot.peer_slot = peer.slot;
   slot.peer_generation = peer.generation;
   slot.peer_home = peer.home_id;
-  slot.memfd = memfd;
-  slot.map_id = map_id;
+  slot.memfd = sn.memfd;
+  slot.map_id = sn.map_id;
+  if (this_snapshot) rc.map = m;
   out->local = m->base + (out->host - map_start);
   out->mapped = true;
   return true;
@@ -268,7 +306,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
   const uint64_t len = s->length;
 
   Remote rm;
-  auto remote_access = [&](uint32_t need, uint64_t bytes) -> bool {
+  auto remote_access = [&](uint32_t need, uint64_t bytes) __attribute__((always_inline)) -> bool {
     if ((taccess & need) != need) return false;
     return resolve_remote(qp, mpeer, s->rkey, true, tpd, need, s->remote_addr, bytes, &rm, t->qpn);
   };

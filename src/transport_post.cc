@@ -108,8 +108,80 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     if (num_sge) std::memcpy(qp->sges(s), wr.sg_list, num_sge * sizeof(ibv_sge));
   }
   qp->sq_tail += 1;
-  if (qp->sq_pending.fetch_add(1, std::memory_order_relaxed) == 0) qps_pending_.fetch_add(1, std::memory_order_relaxed);
+  mark_pending(qp);
   return 0;
+}
+
+// ibv_post_send's common case, one WR straight from the application's
+// ibv_send_wr into the send slot (no intermediate SendWr), then executed at
+// once under the same lock: RC and UC QPs, the operations that need nothing
+// the provider resolves (no address handle, no window). Everything else is
+// kPostGeneral: the provider goes through enqueue_send. Same checks and
+// errors as enqueue_send.
+int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
+  const uint32_t op = wr.opcode;
+  const uint32_t type = qp->qp_type;
+  // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
+  // the atomics (4-6) on RC only (UC rejects them in enqueue_send).
+  if (!((type == IBV_QPT_RC && op <= IBV_WR_ATOMIC_FETCH_AND_ADD) || (type == IBV_QPT_UC && op <= IBV_WR_SEND_WITH_IMM)))
+    return kPostGeneral;
+  const uint32_t st = qp->state();
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  if (wr.num_sge < 0) return EINVAL;
+  const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
+  const ibv_sge* sg = wr.sg_list;
+  if (num_sge > qp->caps.max_send_sge || (num_sge && !sg)) return EINVAL;
+  uint64_t total = num_sge == 1 ? sg[0].length : 0;
+  if (num_sge > 1)
+    for (uint32_t k = 0; k < num_sge; ++k) total += sg[k].length;
+  const bool atomic = op >= IBV_WR_ATOMIC_CMP_AND_SWP;
+  const bool inl = (wr.send_flags & IBV_SEND_INLINE) && op <= IBV_WR_SEND_WITH_IMM;
+  if (inl && total > qp->caps.max_inline_data) return EINVAL;
+  if (atomic && (num_sge != 1 || sg[0].length != 8)) return EINVAL;
+  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+
+  std::lock_guard lk(qp->sq_lock);
+  if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  SendSlot* s = qp->slot(qp->sq_tail);
+  s->wr_id = wr.wr_id;
+  s->opcode = op;
+  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+  s->imm_data = wr.imm_data;
+  s->length = total;
+  s->executed = 0;
+  if (atomic) {
+    s->remote_addr = wr.wr.atomic.remote_addr;
+    s->rkey = wr.wr.atomic.rkey;
+    s->compare_add = wr.wr.atomic.compare_add;
+    s->swap = wr.wr.atomic.swap;
+  } else {
+    s->remote_addr = wr.wr.rdma.remote_addr;
+    s->rkey = wr.wr.rdma.rkey;
+  }
+  if (inl) {
+    // The small path: the bytes themselves go into the slot.
+    s->num_sge = 0;
+    s->inline_len = static_cast<uint32_t>(total);
+    uint8_t* dst = qp->inline_data(s);
+    for (uint32_t k = 0; k < num_sge; ++k) {
+      if (sg[k].length) std::memcpy(dst, reinterpret_cast<const void*>(sg[k].addr), sg[k].length);
+      dst += sg[k].length;
+    }
+  } else {
+    s->num_sge = num_sge;
+    s->inline_len = 0;
+    ibv_sge* d = qp->sges(s);
+    for (uint32_t k = 0; k < num_sge; ++k) d[k] = sg[k];
+  }
+  qp->sq_tail += 1;
+  progress_locked(qp);
+  return 0;
+}
+
+// Caller holds qp->sq_lock: WQEs are queued that progress_all must drive.
+void LocalContext::mark_pending(Qp* qp) noexcept {
+  if (!qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(1, std::memory_order_relaxed) == 0)
+    qps_pending_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept {
@@ -182,6 +254,13 @@ void LocalContext::enter_error(Qp* qp) noexcept {
 
 void LocalContext::progress(Qp* qp) noexcept {
   std::lock_guard lk(qp->sq_lock);
+  progress_locked(qp);
+}
+
+// Executes the send queue from sq_exec on, in order, until it is empty or a
+// WQE has to wait. Caller holds qp->sq_lock. sq_pending (and the context's
+// qps_pending_) says whether WQEs are left for progress_all to drive.
+void LocalContext::progress_locked(Qp* qp) noexcept {
   while (qp->sq_exec != qp->sq_tail) {
     uint32_t st = qp->state();
     if (st == IBV_QPS_ERR) {
@@ -216,8 +295,11 @@ void LocalContext::progress(Qp* qp) noexcept {
       qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
     }
   }
-  if (qp->sq_exec == qp->sq_tail && qp->sq_pending.exchange(0, std::memory_order_relaxed))
+  if (qp->sq_exec != qp->sq_tail) {
+    mark_pending(qp);
+  } else if (qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(0, std::memory_order_relaxed)) {
     qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 void LocalContext::check_peer(Qp* qp) noexcept {
@@ -253,18 +335,14 @@ void LocalContext::check_peer(Qp* qp) noexcept {
   raise_async(IBV_EVENT_QP_FATAL, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
 }
 
-void LocalContext::progress_all() noexcept {
-  // A hint: the receive WQE our next send will read (a peer's ring stays
-  // mapped while we know it, and a prefetch never faults anyway).
-  if (const void* w = warm_rq_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w, 1);
-  if (const void* w = warm_post_slot_.load(std::memory_order_relaxed)) __builtin_prefetch(w, 1);
+// progress_all's slow path (context.h has the inline check every poll
+// makes): queued sends, an attention bump from a peer, or the periodic look
+// for dead peers.
+void LocalContext::progress_all_slow(uint32_t polls) noexcept {
   auto* h = header();
   uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
   // Every 1024th call, and at most every 200 ms, look for dead peers.
   bool liveness = false;
-  // A racy count (no read-modify-write on every poll): it only spaces out the looks.
-  const uint32_t polls = polls_.load(std::memory_order_relaxed) + 1;
-  polls_.store(polls, std::memory_order_relaxed);
   if ((polls & 1023) == 0) {
     uint64_t now = now_ns(), last = last_liveness_ns_.load(std::memory_order_relaxed);
     liveness = now - last > 200'000'000ull &&

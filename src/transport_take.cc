@@ -259,9 +259,47 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
 // its CQ gets the completion.
 LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s,
                                             const IoVec* local, uint32_t nlocal, const uint8_t* grh,
-                                            bool rnr_wait, layout::Cqe cqe, uint32_t* status,
+                                            bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
                                             const RecvSource* xrc) noexcept {
   const uint64_t len = s->length;
+  // Where the receive WQE, its buffers and its completion queue live.
+  Peer& rpeer = xrc ? *xrc->peer : peer;
+  const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
+  const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
+  uint32_t srq_index = t->srq_index;
+  Ring rq;
+  layout::SrqEntry* se = nullptr;
+  if (xrc) {
+    se = xrc->se;
+    srq_index = xrc->srq_index;
+    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Deliver::kGone;
+    }
+  } else if (srq_index != layout::kNoIndex) {
+    se = peer.srq(srq_index);
+    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
+        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Deliver::kGone;
+    }
+  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
+    *status = IBV_WC_REM_OP_ERR;
+    return Deliver::kGone;
+  }
+  if (rnr_wait && qp->rnr_backoff) {
+    // The last attempt found no receive (an RNR NAK). Hardware retries after
+    // the responder's RNR timer; we go on as soon as a batch of receives is
+    // posted, or after at most kRnrBackoffNs. Retrying on every single
+    // receive instead keeps sender and receiver in lock step, each message
+    // paying a round trip between cores. Looked at before the receive
+    // record is reserved: a backing-off sender writes nothing of the
+    // target's (a record a dead holder left is looked at once the back-off
+    // ends, at most kRnrBackoffNs later).
+    const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
+    if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) return Deliver::kNoReceive;
+    qp->rnr_backoff = false;
+  }
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
   if (!take_reserve(t, holder_id(), generation_, &v)) {
@@ -282,39 +320,6 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     *status = st;
     return Deliver::kGone;
   };
-  // Where the receive WQE, its buffers and its completion queue live.
-  Peer& rpeer = xrc ? *xrc->peer : peer;
-  const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
-  const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
-  uint32_t srq_index = t->srq_index;
-  Ring rq;
-  layout::SrqEntry* se = nullptr;
-  if (xrc) {
-    se = xrc->se;
-    srq_index = xrc->srq_index;
-    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache))
-      return gone(IBV_WC_REM_OP_ERR);
-  } else if (t->srq_index != layout::kNoIndex) {
-    se = peer.srq(t->srq_index);
-    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
-        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache))
-      return gone(IBV_WC_REM_OP_ERR);
-  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
-    return gone(IBV_WC_REM_OP_ERR);
-  }
-  if (rnr_wait && qp->rnr_backoff && !adopted) {  // (an adopted WQE is there to be used)
-    // The last attempt found no receive (an RNR NAK). Hardware retries after
-    // the responder's RNR timer; we go on as soon as a batch of receives is
-    // posted, or after at most kRnrBackoffNs. Retrying on every single
-    // receive instead keeps sender and receiver in lock step, each message
-    // paying a round trip between cores.
-    const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
-    if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) {
-      take_end(t, v);
-      return Deliver::kNoReceive;
-    }
-    qp->rnr_backoff = false;
-  }
   uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
   rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
   // Every position we try to claim is announced in the record first, so if
@@ -356,7 +361,10 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   layout::WireSge rsge[limits::kMaxSge];
   std::memcpy(&h, claimed.handle.payload, sizeof h);
   uint32_t rn = std::min(h.num_sge, rq_max_sge);
-  std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  if (rn == 1)
+    std::memcpy(rsge, claimed.handle.payload + sizeof h, sizeof(layout::WireSge));  // inlined
+  else
+    std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
   uint32_t taken = 0;
   if (!take_hold(t, v, h.wr_id, &taken)) {
     (void)rq.release_cas(claimed.handle);  // discarded with the record, unless already adopted
