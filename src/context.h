@@ -148,6 +148,33 @@ class LocalContext {
   // Pops up to `n` completions (single consumer: the caller serialises polls
   // of one CQ). Returns the number popped.
   int poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept;
+  // The same, handing each completion to f(const layout::Cqe&) as it is
+  // popped (inline: the provider converts it without a second copy). The
+  // slot is copied into private memory once; f gets that copy, untrusted.
+  template <typename F>
+  int poll_cq_each(const CqInfo& cq, int n, F&& f) noexcept {
+    Ring ring = cq.ring;
+    int got = 0;
+    while (got < n) {
+      RingResult r = ring.try_claim_sc();
+      if (!r) {
+        if (got == 0) skip_dead_push(cq);
+        break;
+      }
+      layout::Cqe c;
+      std::memcpy(&c, r.handle.payload, sizeof c);
+      // Before the release: flush_qp reads the ring, then this (see
+      // recv_completion_delivered).
+      if ((c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR) {
+        const uint32_t qi = layout::qpn_index(c.qp_num);
+        if (qi < layout_.qp_slots) last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
+      }
+      ring.release(r.handle);
+      f(c);
+      ++got;
+    }
+    return got;
+  }
   void skip_dead_push(const CqInfo& cq) noexcept;  // cq.cc
 
   // Receive work queues (IBV_WQT_RQ).

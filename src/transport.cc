@@ -299,7 +299,11 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
 
   IoVec local[limits::kMaxSge];
   uint32_t nlocal = 0;
-  if (!gather_local(qp, s, local, &nlocal)) {
+  if (s->inline_len) {  // the small path: the bytes are in the slot (gather_local's first case, without the call)
+    qp->local_odp = false;
+    local[0] = {qp->inline_data(s), s->inline_len};
+    nlocal = 1;
+  } else if (!gather_local(qp, s, local, &nlocal)) {
     *status = IBV_WC_LOC_PROT_ERR;
     return Exec::kError;
   }

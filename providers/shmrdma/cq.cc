@@ -286,17 +286,9 @@ namespace {
 // The locked part of poll_cq: something looked ready (or it is the 64th
 // empty poll, which watches for a dead producer in the core).
 [[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
-  constexpr int kBatch = 16;
-  layout::Cqe buf[kBatch];
   std::lock_guard lk(cq->poll_lock);
   int done = 0;
-  while (done < num_entries) {
-    const int want = std::min(kBatch, num_entries - done);
-    int n = core->poll_cq(cq->info, want, buf);
-    for (int i = 0; i < n; ++i) to_wc(buf[i], &wc[done + i]);
-    done += n;
-    if (n < want) break;
-  }
+  core->poll_cq_each(cq->info, num_entries, [&](const layout::Cqe& c) { to_wc(c, &wc[done++]); });
   cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
   return done;
 }
