@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+KEEP = ""  # --keep DIR: the callgrind outputs and logs of every run
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 DEVICE = "shm0"
@@ -105,6 +106,15 @@ def func_ir(funcs: dict[str, int], rx: str) -> int | None:
     return total
 
 
+def short_name(name: str) -> str:
+    """file:function [object] from callgrind_annotate, as `function` without namespaces or arguments."""
+    fn = name.split(" [")[0]
+    fn = fn.split(":", 1)[1] if ":" in fn.split("(")[0] else fn
+    fn = fn.replace("(anonymous namespace)::", "")
+    fn = re.sub(r"\(.*", "", fn)
+    return fn.replace("shmrdma::provider::", "").replace("shmrdma::", "").replace("(anonymous namespace)::", "")
+
+
 def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> tuple[dict | None, str]:
     env = dict(os.environ)
     env["SHMRDMA_HOME"] = home
@@ -130,15 +140,59 @@ def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> t
             s.kill()
             s.wait()
     if r.returncode != 0 or not os.path.exists(out):
+        if KEEP:
+            with open(os.path.join(KEEP, f"{re.sub(r'[^A-Za-z0-9]+', '_', c['name'])}.{n}.log"), "w") as fh:
+                fh.write(r.stdout + "\n--- server ---\n" + (s.stdout.read() if s.stdout else ""))
         tail = " / ".join(ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("=="))[-300:]
         return None, f"client rc={r.returncode}: {tail}"
     total, funcs = annotate(out)
     res = {"total": total}
     for k, rx in c["funcs"].items():
         res[k] = func_ir(funcs, rx)
+    res["funcs"] = funcs
     for p in (out, out + ".server"):
         if os.path.exists(p):
+            if KEEP:
+                shutil.copy(p, os.path.join(KEEP, f"{re.sub(r'[^A-Za-z0-9]+', '_', c['name'])}.{n}" +
+                                            (".server" if p.endswith(".server") else "")))
             os.unlink(p)
+    return res, ""
+
+
+VERBS_MODES = [
+    ("empty", "an empty poll_cq", {"poll_cq": 1}),
+    ("write", "8 B WRITE, signaled (post; the poll returning its completion)", {"post_send": 1, "poll_cq": 1}),
+    ("write_unsig", "8 B WRITE, unsignaled (1 in 64 signaled, as perftest's cq_mod)", {"post_send": 1}),
+    ("write_inline", "8 B WRITE, inline, unsignaled (1 in 64 signaled)", {"post_send": 1}),
+    ("send", "8 B SEND, signaled (post; the two polls returning the send and the receive completion)",
+     {"post_send": 1, "poll_cq": 2}),
+]
+
+
+def build_verbs_probe() -> str:
+    out_dir = os.path.join(BENCH, ".build")
+    os.makedirs(out_dir, exist_ok=True)
+    exe = os.path.join(out_dir, "verbs_cost")
+    src = os.path.join(BENCH, "probes", "verbs_cost.c")
+    subprocess.run(["cc", "-O2", "-o", exe, src, "-libverbs"], check=True)
+    return exe
+
+
+def run_verbs(exe: str, mode: str, n: int, shmrdma: str, home: str, tmp: str) -> tuple[dict | None, str]:
+    """The probe under callgrind (one process): the provider's post_send and poll_cq inclusive counts."""
+    env = dict(os.environ, SHMRDMA_HOME=home)
+    out = os.path.join(tmp, f"cg.verbs.{mode}.{n}")
+    r = subprocess.run(["timeout", "300", shmrdma, "run", "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                        exe, mode, str(n)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0 or not os.path.exists(out):
+        tail = " / ".join(ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("=="))[-300:]
+        return None, f"rc={r.returncode}: {tail}"
+    _total, funcs = annotate(out)
+    res = {"post_send": func_ir(funcs, r"::post_send\(ibv_qp\*"), "poll_cq": func_ir(funcs, r"::poll_cq\(ibv_cq\*"),
+           "funcs": funcs}
+    if KEEP:
+        shutil.copy(out, os.path.join(KEEP, f"verbs_{mode}.{n}"))
+    os.unlink(out)
     return res, ""
 
 
@@ -148,7 +202,17 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(BENCH, "results", "callgrind.md"))
     ap.add_argument("--quick", action="store_true", help="N1=2000, N2=6000 instead of 10000, 30000")
     ap.add_argument("--only", default="", help="regex on the case names")
+    ap.add_argument("--verbs", action="store_true",
+                    help="also the per-call counts of bench/probes/verbs_cost.c (one process, two QPs)")
+    ap.add_argument("--verbs-only", action="store_true", help="only those")
+    ap.add_argument("--keep", default="", help="keep every callgrind output (and failed runs' logs) in this directory")
+    ap.add_argument("--functions", type=int, default=25,
+                    help="per case, list the provider's N costliest functions per message (inclusive; 0: none)")
     args = ap.parse_args()
+    global KEEP
+    if args.keep:
+        KEEP = os.path.abspath(args.keep)
+        os.makedirs(KEEP, exist_ok=True)
     for tool in ("valgrind", "callgrind_annotate", "ib_write_bw", "ucx_perftest"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} not found (Debian: valgrind, perftest, ucx-utils)")
@@ -162,10 +226,11 @@ def main() -> int:
     if r.returncode != 0:
         raise SystemExit(f"shmrdma up failed: {r.stdout}")
     rows = []
+    verbs_rows = []
     port = 25000 + os.getpid() % 1000 * 10
     try:
         for c in cases():
-            if args.only and not re.search(args.only, c["name"]):
+            if args.verbs_only or (args.only and not re.search(args.only, c["name"])):
                 continue
             got = []
             why = ""
@@ -183,8 +248,43 @@ def main() -> int:
                 for k in c["funcs"]:
                     a, b = got[0].get(k), got[1].get(k)
                     row[k] = (b - a) / d if a is not None and b is not None else None
+                per = []
+                for name, v2 in got[1]["funcs"].items():
+                    if "libshmrdma-rdmav" not in name:
+                        continue
+                    v = (v2 - got[0]["funcs"].get(name, 0)) / d
+                    if v >= 1:
+                        per.append((v, short_name(name)))
+                row["per_func"] = sorted(per, reverse=True)[:args.functions]
             rows.append(row)
-            log(f"{c['name']}: {row}")
+            log(f"{c['name']}: { {k: v for k, v in row.items() if k != 'per_func'} }")
+        if args.verbs or args.verbs_only:
+            exe = build_verbs_probe()
+            for mode, what, per in VERBS_MODES:
+                got = []
+                why = ""
+                for n in (n1, n2):
+                    log(f"verbs_cost {mode}: {n}")
+                    res, why = run_verbs(exe, mode, n, shmrdma, home, tmp)
+                    if res is None:
+                        break
+                    got.append(res)
+                row = {"mode": mode, "what": what, "why": why}
+                if len(got) == 2:
+                    d = n2 - n1
+                    for k, calls in per.items():
+                        a, b = got[0].get(k), got[1].get(k)
+                        row[k] = (b - a) / d / calls if a is not None and b is not None else None
+                    pf = []
+                    for name, v2 in got[1]["funcs"].items():
+                        if "libshmrdma-rdmav" not in name:
+                            continue
+                        v = (v2 - got[0]["funcs"].get(name, 0)) / d
+                        if v >= 1:
+                            pf.append((v, short_name(name)))
+                    row["per_func"] = sorted(pf, reverse=True)[:args.functions]
+                verbs_rows.append(row)
+                log(f"verbs_cost {mode}: { {k: v for k, v in row.items() if k != 'per_func'} }")
     finally:
         subprocess.run([shmrdma, "down", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(home, ignore_errors=True)
@@ -219,6 +319,33 @@ def main() -> int:
             L.append(f"- {what}: shmrdma {by[a]:,.0f} against UCX posix {by[b]:,.0f} instructions per message in "
                      f"the whole initiating process: {by[a] / by[b]:.2f}x (target <= 2x)")
     L.append("")
+    if verbs_rows:
+        L += ["## Per verb call (bench/probes/verbs_cost.c)", "",
+              "One process, two RC QPs connected to each other (the data moves with memcpy, as between processes "
+              "in the mapped tier; under valgrind MRs of separate processes fall back to the CMA tier, see the "
+              "notes). Inclusive instructions of the provider's post_send and poll_cq per call. Targets (issue 12): "
+              "an 8 B WRITE post <= 250, a signaled SEND post <= 400, an empty poll_cq <= 30, a poll returning one "
+              "completion <= 80.", "",
+              "| call | provider post_send | provider poll_cq | note |", "|---|---:|---:|---|"]
+        for r in verbs_rows:
+            L.append(f"| {r['what']} | {f(r.get('post_send'))} | {f(r.get('poll_cq'))} | {r['why'] or ''} |")
+        L.append("")
+    if args.functions:
+        for r in verbs_rows:
+            if r.get("per_func"):
+                L += [f"### verbs_cost {r['mode']}: per message, inclusive", "", "| function | per message |",
+                      "|---|---:|"]
+                L += [f"| `{fn}` | {v:,.0f} |" for v, fn in r["per_func"]]
+                L.append("")
+        L += ["## Inside the provider, per function", "",
+              "Inclusive instructions per message of the provider's costliest functions (callers include their "
+              "callees, so the column does not add up), from the same runs.", ""]
+        for r in rows:
+            if not r.get("per_func"):
+                continue
+            L += [f"### {r['name']}", "", "| function | per message |", "|---|---:|"]
+            L += [f"| `{fn}` | {v:,.0f} |" for v, fn in r["per_func"]]
+            L.append("")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         fh.write("\n".join(L))

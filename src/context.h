@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -147,6 +148,33 @@ class LocalContext {
   // Pops up to `n` completions (single consumer: the caller serialises polls
   // of one CQ). Returns the number popped.
   int poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept;
+  // The same, handing each completion to f(const layout::Cqe&) as it is
+  // popped (inline: the provider converts it without a second copy). The
+  // slot is copied into private memory once; f gets that copy, untrusted.
+  template <typename F>
+  int poll_cq_each(const CqInfo& cq, int n, F&& f) noexcept {
+    Ring ring = cq.ring;
+    int got = 0;
+    while (got < n) {
+      RingResult r = ring.try_claim_sc();
+      if (!r) {
+        if (got == 0) skip_dead_push(cq);
+        break;
+      }
+      layout::Cqe c;
+      std::memcpy(&c, r.handle.payload, sizeof c);
+      // Before the release: flush_qp reads the ring, then this (see
+      // recv_completion_delivered).
+      if ((c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR) {
+        const uint32_t qi = layout::qpn_index(c.qp_num);
+        if (qi < layout_.qp_slots) last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
+      }
+      ring.release(r.handle);
+      f(c);
+      ++got;
+    }
+    return got;
+  }
   void skip_dead_push(const CqInfo& cq) noexcept;  // cq.cc
 
   // Receive work queues (IBV_WQT_RQ).
@@ -202,10 +230,32 @@ class LocalContext {
   int post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
   // Queues one send WR; progress() then executes what is queued.
   int enqueue_send(Qp* qp, const SendWr& wr) noexcept;
+  // ibv_post_send's common case (transport_post.cc): one WR queued straight
+  // from the ibv_send_wr and executed; kPostGeneral when the WR needs the
+  // provider's resolution (UD, XRC, windows): then enqueue_send + progress.
+  static constexpr int kPostGeneral = -1;
+  int post_send(Qp* qp, const ibv_send_wr& wr) noexcept;
   void progress(Qp* qp) noexcept;
   // Progress for every QP with queued work, and flushes of QPs a peer moved
-  // to the error state. Called by poll_cq; cheap when there is nothing to do.
-  void progress_all() noexcept;
+  // to the error state. Called by poll_cq on every poll: inline, and when
+  // there is nothing to do it reads private words and one shared word (our
+  // header's attention counter, which peers bump when they move one of our
+  // QPs to the error state), then returns.
+  void progress_all() noexcept {
+    // A hint: the receive WQE our next send will read (a peer's ring stays
+    // mapped while we know it, and a prefetch never faults anyway).
+    // (nullptr when there is none: a prefetch of address 0 is a no-op.)
+    __builtin_prefetch(warm_rq_slot_.load(std::memory_order_relaxed), 1);
+    __builtin_prefetch(warm_post_slot_.load(std::memory_order_relaxed), 1);
+    // A racy count (no read-modify-write on every poll): it only spaces out
+    // the looks for dead peers (every 1024th poll).
+    const uint32_t polls = polls_.load(std::memory_order_relaxed) + 1;
+    polls_.store(polls, std::memory_order_relaxed);
+    if ((polls & 1023) != 0 && qps_pending_.load(std::memory_order_relaxed) == 0 &&
+        header()->attention.load(std::memory_order_acquire) == attention_seen_)  // pairs with the peer's release
+      return;
+    progress_all_slow(polls);
+  }
 
   // Async events (see async.h). The read end of the FIFO becomes the
   // context's async_fd: the caller takes ownership of it once.
@@ -384,7 +434,7 @@ class LocalContext {
     uint32_t cq = 0;
   };
   Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s, const IoVec* local, uint32_t nlocal,
-                  const uint8_t* grh, bool rnr_wait, layout::Cqe cqe, uint32_t* status,
+                  const uint8_t* grh, bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
                   const RecvSource* xrc = nullptr) noexcept;
   // What take_holder_dead did with a busy take record.
   enum class TakeOver { kBusy, kEnded, kAdopted };
@@ -398,6 +448,9 @@ class LocalContext {
   void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
+  void progress_locked(Qp* qp) noexcept;  // caller holds qp->sq_lock
+  void progress_all_slow(uint32_t polls) noexcept;
+  void mark_pending(Qp* qp) noexcept;     // caller holds qp->sq_lock
   // address.cc: the seam of address resolution. Where an address vector
   // leads: the device of the home and its port (1-based), by DLID on
   // InfiniBand, by DGID on Ethernet (RoCE: the GID table of any device of

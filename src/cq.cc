@@ -513,26 +513,8 @@ bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layo
 }
 
 int LocalContext::poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept {
-  Ring ring = cq.ring;
   int got = 0;
-  while (got < n) {
-    RingResult r = ring.try_claim_sc();
-    if (!r) {
-      if (got == 0) skip_dead_push(cq);
-      break;
-    }
-    std::memcpy(&out[got], r.handle.payload, sizeof(layout::Cqe));
-    const layout::Cqe& c = out[got];
-    // Before the release: flush_qp reads the ring, then this (see
-    // recv_completion_delivered).
-    if ((c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR) {
-      uint32_t qi = layout::qpn_index(c.qp_num);
-      if (qi < layout_.qp_slots) last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
-    }
-    ring.release(r.handle);
-    ++got;
-  }
-  return got;
+  return poll_cq_each(cq, n, [&](const layout::Cqe& c) { out[got++] = c; });
 }
 
 // A producer that died between reserving a CQ slot and publishing it would

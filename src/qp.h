@@ -4,6 +4,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sched.h>
 
 #include <array>
 #include <atomic>
@@ -113,15 +114,24 @@ struct SendWr {
   uint64_t mw_length = 0;
 };
 
-// A tiny test-and-test-and-set lock for per-QP send-side state: held for the
-// duration of one post or one progress pass, never across a wait, only by
-// threads of this process.
+// A tiny test-and-test-and-set lock for per-QP send-side state (held for the
+// duration of one post or one progress pass, never across a wait) and the
+// provider's CQ poll lock (one poll, or start_poll to end_poll): only threads
+// of this process. A waiter that spun for a while yields the CPU, so a holder
+// that was preempted (or an application between start_poll and end_poll)
+// is not spun against forever. Uncontended it costs one exchange and one
+// store, a fraction of a pthread mutex.
 class SpinLock {
  public:
   void lock() noexcept {
     for (;;) {
       if (!flag_.exchange(true, std::memory_order_acquire)) return;  // pairs with unlock's release
-      while (flag_.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+      for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
+        if (spins < 128)
+          __builtin_ia32_pause();
+        else
+          sched_yield();
+      }
     }
   }
   bool try_lock() noexcept { return !flag_.exchange(true, std::memory_order_acquire); }
@@ -238,6 +248,24 @@ struct Qp {
     uint64_t map_id = 0;
   };
   std::array<MapCacheEntry, 4> map_cache{};
+  // The last remote MR this QP resolved (transport.cc resolve_remote): its
+  // entry in the peer's segment, the seqlock value and the validated copy
+  // taken then, and its mapping once found.
+  struct MrSnapshot {
+    uint32_t kind = 0, key = 0, pd = 0, access = 0, mw_qpn = 0, tier = 0;
+    uint64_t iova = 0, length = 0, host = 0, map_start = 0, map_len = 0, map_id = 0;
+    int memfd = -1;
+  };
+  struct RemoteKeyCache {
+    const void* entry = nullptr;  // nullptr: empty
+    uint32_t key = 0;
+    bool rkey = false;
+    uint32_t peer_slot = 0, peer_generation = 0, peer_home = 0;
+    uint32_t gen = 1;  // odd: matches no stable seqlock value
+    MrSnapshot snap;
+    std::shared_ptr<PeerMapping> map;
+  };
+  RemoteKeyCache rkey_cache;
   uint32_t map_cache_next = 0;
   uint32_t map_cache_last = 0;  // the entry that hit last
   // Rings of peers this QP's sends feed, validated once (peer.h RingCache):
@@ -264,6 +292,7 @@ struct Qp {
     remote_index = 0;
     xrc_peer.reset();
     map_cache = {};
+    rkey_cache = RemoteKeyCache{};
     map_cache_next = map_cache_last = 0;
     target_rq_cache = RingCache{};
     target_cq_cache = RingCache{};

@@ -406,7 +406,10 @@ class Ring {
       return RingStatus::invalid;
     const RingResult r = try_reserve();
     if (!r) return r.status;
-    if (len != 0) std::memcpy(r.handle.payload, src, len);
+    if (len == 56)
+      std::memcpy(r.handle.payload, src, 56);  // a CQE (layout.h): a fixed-size copy, inlined
+    else if (len != 0)
+      std::memcpy(r.handle.payload, src, len);
     uint32_t expect = r.handle.pos;
     // R1 on success (release); the failure value is not used for data.
     if (header(r.handle.pos)->seq.compare_exchange_strong(expect, r.handle.pos + 1, std::memory_order_release,
@@ -566,6 +569,16 @@ class Ring {
     // Relaxed (both): no payload is accessed on the strength of this answer;
     // an actual claim re-checks seq with acquire (A1).
     const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    return header(pos)->seq.load(std::memory_order_relaxed) == pos + 1;
+  }
+
+  // peek_ready for a consumer that knows its position (the single consumer,
+  // from its own private copy): reads the slot's seq alone, so an empty
+  // poll touches one line of shared memory. Advisory, like peek_ready: a
+  // stale position answers false.
+  bool ready_at(uint32_t pos) const noexcept {
+    assert(attached());
+    // Relaxed: no payload is accessed on the strength of this answer.
     return header(pos)->seq.load(std::memory_order_relaxed) == pos + 1;
   }
 

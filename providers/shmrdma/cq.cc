@@ -78,6 +78,7 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     return nullptr;
   }
   *cq->views.back() = cq->info.ring;
+  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
   cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
   // libibverbs fills channel, cq_context, the mutex and the condition
   // variable (and counts the CQ in channel->refcnt) after we return.
@@ -93,9 +94,9 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 // An empty poll without the lock: true when no completion is ready. Every
 // 64th empty poll still goes through the locked path, whose empty polls
 // watch for a producer that died mid-push (LocalContext::skip_dead_push).
-bool nothing_ready(Cq* cq) {
+[[gnu::always_inline]] inline bool nothing_ready(Cq* cq) {
   const Ring* view = cq->peek_view.load(std::memory_order_acquire);
-  if (!view || view->peek_ready()) return false;
+  if (!view || view->ready_at(cq->next_pos.load(std::memory_order_relaxed))) return false;
   const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);
   return (n & 63) != 0;
@@ -104,7 +105,9 @@ bool nothing_ready(Cq* cq) {
 // Pops the next completion into cq->cur (caller holds poll_lock).
 bool pop_one(Cq* cq) {
   layout::Cqe c;
-  if (to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c) != 1) return false;
+  const int n = to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c);
+  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
+  if (n != 1) return false;
   to_wc(c, &cq->cur);
   // Producers stamp when they push; two racing producers may land in the
   // ring in the other order. A completion is visible only after those
@@ -278,23 +281,31 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
   return 0;
 }
 
-int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
-  if (num_entries < 0 || (num_entries > 0 && !wc)) return -EINVAL;
-  Cq* cq = to_cq(ibcq);
-  constexpr int kBatch = 16;
-  layout::Cqe buf[kBatch];
-  to_ctx(ibcq->context)->core->progress_all();  // queued sends waiting for a receiver, peers' error reports
-  if (num_entries == 0 || nothing_ready(cq)) return 0;
+namespace {
+
+// The locked part of poll_cq: something looked ready (or it is the 64th
+// empty poll, which watches for a dead producer in the core).
+[[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
   std::lock_guard lk(cq->poll_lock);
   int done = 0;
-  while (done < num_entries) {
-    const int want = std::min(kBatch, num_entries - done);
-    int n = to_ctx(ibcq->context)->core->poll_cq(cq->info, want, buf);
-    for (int i = 0; i < n; ++i) to_wc(buf[i], &wc[done + i]);
-    done += n;
-    if (n < want) break;
-  }
+  core->poll_cq_each(cq->info, num_entries, [&](const layout::Cqe& c) { to_wc(c, &wc[done++]); });
+  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
   return done;
+}
+
+}  // namespace
+
+// The empty poll stays in this small frame: the context's progress check
+// (context.h progress_all) and one look at the next slot's sequence word.
+int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
+  if (__builtin_expect(num_entries <= 0 || !wc, 0)) {
+    if (num_entries < 0 || (num_entries > 0 && !wc)) return -EINVAL;
+  }
+  LocalContext* core = to_ctx(ibcq->context)->core;
+  Cq* cq = to_cq(ibcq);
+  core->progress_all();  // queued sends waiting for a receiver, peers' error reports
+  if (num_entries == 0 || nothing_ready(cq)) return 0;
+  return poll_locked(cq, core, num_entries, wc);
 }
 
 int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
@@ -309,6 +320,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
   }
   cq->info = info;
   *cq->views.back() = info.ring;
+  cq->next_pos.store(info.ring.consumer_position(), std::memory_order_relaxed);
   cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
   ibcq->cqe = static_cast<int>(info.capacity);
   return 0;

@@ -46,7 +46,7 @@ ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept
 struct Cq {
   verbs_cq vcq;
   CqInfo info;
-  std::mutex poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
+  SpinLock poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
   ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
   uint64_t cur_ts = 0;   // its completion timestamp (device clock: CLOCK_MONOTONIC ns)
   uint64_t last_ts = 0;  // the latest handed out: a CQ's stamps never go back (under poll_lock)
@@ -58,6 +58,10 @@ struct Cq {
   // publishes a new view and keeps the old ones until the CQ is destroyed, so
   // a lock-free reader never sees a view being rewritten.
   std::atomic<const Ring*> peek_view{nullptr};
+  // The ring's consumer position after the last locked poll (written under
+  // poll_lock, read by nothing_ready): private, so an empty poll reads only
+  // the next slot's sequence word in shared memory.
+  std::atomic<uint32_t> next_pos{0};
   std::vector<std::unique_ptr<Ring>> views;  // under poll_lock
   ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD
 };

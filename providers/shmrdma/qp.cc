@@ -91,56 +91,69 @@ void from_core(const QpAttr& c, const QpCaps& caps, ibv_qp_attr* a) {
 
 }  // namespace
 
+namespace {
+
+// A WR the core's post_send does not take (UD, XRC_SEND, windows, local
+// invalidation, SEND_WITH_INV, errors): converted into a SendWr, queued with
+// enqueue_send; the caller's progress() executes it.
+int enqueue_general(ibv_qp* ibqp, LocalContext* core, Qp* cqp, const ibv_send_wr* wr) noexcept {
+  SendWr w;
+  w.wr_id = wr->wr_id;
+  w.opcode = wr->opcode;
+  w.send_flags = wr->send_flags;
+  w.imm_data = wr->imm_data;
+  if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    w.remote_addr = wr->wr.atomic.remote_addr;
+    w.rkey = wr->wr.atomic.rkey;
+    w.compare_add = wr->wr.atomic.compare_add;
+    w.swap = wr->wr.atomic.swap;
+  } else if (wr->opcode == IBV_WR_BIND_MW) {
+    // Type 2 only: type 1 windows are bound with ibv_bind_mw.
+    if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
+        fill_bind(ibqp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info, &w) != 0)
+      return EINVAL;
+  } else if (wr->opcode == IBV_WR_LOCAL_INV) {
+    w.rkey = wr->invalidate_rkey;
+  } else if (wr->opcode == IBV_WR_SEND_WITH_INV) {
+    w.imm_data = wr->invalidate_rkey;  // the union: host order
+  } else if (ibqp->qp_type == IBV_QPT_UD) {
+    // wr.ud: the AH's address vector, copied into the WQE by the core.
+    w.av = wr->wr.ud.ah ? &to_ah(wr->wr.ud.ah)->av : nullptr;
+    w.remote_qpn = wr->wr.ud.remote_qpn;
+    w.remote_qkey = wr->wr.ud.remote_qkey;
+  } else {
+    w.remote_addr = wr->wr.rdma.remote_addr;
+    w.rkey = wr->wr.rdma.rkey;
+  }
+  if (ibqp->qp_type == IBV_QPT_XRC_SEND) w.xrc_srqn = wr->qp_type.xrc.remote_srqn;  // the target's XRC SRQ
+  if (wr->num_sge < 0) return EINVAL;
+  w.num_sge = static_cast<uint32_t>(wr->num_sge);
+  w.sg_list = wr->sg_list;
+  return core->enqueue_send(cqp, w);
+}
+
+}  // namespace
+
+// RC and UC WRITE/SEND/READ/atomics go straight from the ibv_send_wr into the
+// send slot and execute within the call (LocalContext::post_send); the rest
+// is queued through a SendWr and executed by progress() after the list.
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  QpObj* qp = to_qp(ibqp);
+  Qp* cqp = to_qp(ibqp)->core;
   LocalContext* core = to_ctx(ibqp->context)->core;
   int rc = 0;
+  bool queued = false;
   for (; wr; wr = wr->next) {
-    SendWr w;
-    w.wr_id = wr->wr_id;
-    w.opcode = wr->opcode;
-    w.send_flags = wr->send_flags;
-    w.imm_data = wr->imm_data;
-    if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      w.remote_addr = wr->wr.atomic.remote_addr;
-      w.rkey = wr->wr.atomic.rkey;
-      w.compare_add = wr->wr.atomic.compare_add;
-      w.swap = wr->wr.atomic.swap;
-    } else if (wr->opcode == IBV_WR_BIND_MW) {
-      // Type 2 only: type 1 windows are bound with ibv_bind_mw.
-      if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2 ||
-          fill_bind(ibqp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info, &w) != 0) {
-        if (bad_wr) *bad_wr = wr;
-        rc = EINVAL;
-        break;
-      }
-    } else if (wr->opcode == IBV_WR_LOCAL_INV) {
-      w.rkey = wr->invalidate_rkey;
-    } else if (wr->opcode == IBV_WR_SEND_WITH_INV) {
-      w.imm_data = wr->invalidate_rkey;  // the union: host order
-    } else if (ibqp->qp_type == IBV_QPT_UD) {
-      // wr.ud: the AH's address vector, copied into the WQE by the core.
-      w.av = wr->wr.ud.ah ? &to_ah(wr->wr.ud.ah)->av : nullptr;
-      w.remote_qpn = wr->wr.ud.remote_qpn;
-      w.remote_qkey = wr->wr.ud.remote_qkey;
-    } else {
-      w.remote_addr = wr->wr.rdma.remote_addr;
-      w.rkey = wr->wr.rdma.rkey;
-    }
-    if (ibqp->qp_type == IBV_QPT_XRC_SEND) w.xrc_srqn = wr->qp_type.xrc.remote_srqn;  // the target's XRC SRQ
-    if (wr->num_sge < 0) {
-      rc = EINVAL;
-    } else {
-      w.num_sge = static_cast<uint32_t>(wr->num_sge);
-      w.sg_list = wr->sg_list;
-      rc = core->enqueue_send(qp->core, w);
+    rc = core->post_send(cqp, *wr);
+    if (rc == LocalContext::kPostGeneral) {
+      rc = enqueue_general(ibqp, core, cqp, wr);
+      queued = true;
     }
     if (rc) {
       if (bad_wr) *bad_wr = wr;
       break;
     }
   }
-  core->progress(qp->core);
+  if (queued || rc) core->progress(cqp);
   return rc;
 }
 

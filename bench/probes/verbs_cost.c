@@ -1,0 +1,158 @@
+/* verbs_cost: a fixed number of one kind of verb call, for instruction
+ * counts under callgrind (bench/callgrind.py --verbs), one process, two RC
+ * QPs connected to each other over the first port of the first device (the
+ * target is this process: the data moves with memcpy, as in the mapped
+ * tier between processes).
+ *
+ *   verbs_cost MODE N
+ *
+ * MODE: empty      N polls of an empty CQ
+ *       write      N signaled 8-byte RDMA WRITEs, each followed by the poll
+ *                  that returns its completion
+ *       write_unsig N unsignaled 8-byte WRITEs (one signaled every 64th, as
+ *                  perftest's cq_mod does, whose completion is polled)
+ *       write_inline N unsignaled inline 8-byte WRITEs (idem)
+ *       send       N signaled 8-byte SENDs into receives posted beforehand
+ *                  in batches, each followed by the polls of its send and
+ *                  receive completions
+ * Exit status 0 when every call did what it should (checked), else 1.
+ */
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DIE(...) do { fprintf(stderr, "verbs_cost: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = dest;
+  a.ah_attr.dlid = lid;
+  a.ah_attr.port_num = 1;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    DIE("RTR");
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 1;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                IBV_QP_MAX_QP_RD_ATOMIC))
+    DIE("RTS");
+}
+
+static void poll_one(struct ibv_cq *cq, enum ibv_wc_opcode op) {
+  struct ibv_wc wc;
+  for (long spins = 0;; ++spins) {
+    int n = ibv_poll_cq(cq, 1, &wc);
+    if (n < 0) DIE("poll_cq");
+    if (n == 1) break;
+    if (spins > 100000000L) DIE("no completion");
+  }
+  if (wc.status != IBV_WC_SUCCESS || wc.opcode != op) DIE("completion status %d opcode %d", wc.status, wc.opcode);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) DIE("usage: verbs_cost empty|write|write_unsig|write_inline|send N");
+  const char *mode = argv[1];
+  long n = atol(argv[2]);
+  int num = 0;
+  struct ibv_device **devs = ibv_get_device_list(&num);
+  if (!devs || num < 1) DIE("no device");
+  struct ibv_context *ctx = ibv_open_device(devs[0]);
+  if (!ctx) DIE("open");
+  struct ibv_port_attr port;
+  if (ibv_query_port(ctx, 1, &port)) DIE("query_port");
+  struct ibv_pd *pd = ibv_alloc_pd(ctx);
+  static char buf[2][4096] __attribute__((aligned(4096)));
+  struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  struct ibv_cq *cq[2] = {ibv_create_cq(ctx, 256, NULL, NULL, 0), ibv_create_cq(ctx, 256, NULL, NULL, 0)};
+  if (!pd || !mr || !cq[0] || !cq[1]) DIE("pd/mr/cq");
+  struct ibv_qp *qp[2];
+  for (int i = 0; i < 2; ++i) {
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof ia);
+    ia.send_cq = cq[i];
+    ia.recv_cq = cq[i];
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 128;
+    ia.cap.max_recv_wr = 128;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = 64;
+    qp[i] = ibv_create_qp(pd, &ia);
+    if (!qp[i]) DIE("create_qp");
+  }
+  to_rts(qp[0], qp[1]->qp_num, port.lid);
+  to_rts(qp[1], qp[0]->qp_num, port.lid);
+
+  struct ibv_sge sge = {(uintptr_t)buf[0], 8, mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = (uintptr_t)buf[1];
+  wr.wr.rdma.rkey = mr->rkey;
+  struct ibv_sge rsge = {(uintptr_t)buf[1], 64, mr->lkey};
+  struct ibv_recv_wr rwr, *rbad = NULL;
+  memset(&rwr, 0, sizeof rwr);
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+
+  if (strcmp(mode, "empty") == 0) {
+    struct ibv_wc wc;
+    for (long i = 0; i < n; ++i)
+      if (ibv_poll_cq(cq[0], 1, &wc) != 0) DIE("not empty");
+  } else if (strncmp(mode, "write", 5) == 0) {
+    const int unsig = strcmp(mode, "write") != 0;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    for (long i = 0; i < n; ++i) {
+      buf[0][0] = (char)i;
+      wr.wr_id = (uint64_t)i;
+      const int signaled = !unsig || i % 64 == 63;
+      wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (strcmp(mode, "write_inline") == 0 ? IBV_SEND_INLINE : 0);
+      if (ibv_post_send(qp[0], &wr, &bad)) DIE("post_send");
+      if (signaled) poll_one(cq[0], IBV_WC_RDMA_WRITE);
+    }
+    if (n && buf[1][0] != (char)(n - 1)) DIE("data");
+  } else if (strcmp(mode, "send") == 0) {
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    for (long i = 0; i < n; ++i) {
+      if (i % 64 == 0)
+        for (int k = 0; k < 64; ++k)
+          if (ibv_post_recv(qp[1], &rwr, &rbad)) DIE("post_recv");
+      buf[0][0] = (char)i;
+      wr.wr_id = (uint64_t)i;
+      if (ibv_post_send(qp[0], &wr, &bad)) DIE("post_send");
+      poll_one(cq[0], IBV_WC_SEND);
+      poll_one(cq[1], IBV_WC_RECV);
+      if (buf[1][0] != (char)i) DIE("data");
+    }
+  } else {
+    DIE("unknown mode %s", mode);
+  }
+  ibv_destroy_qp(qp[0]);
+  ibv_destroy_qp(qp[1]);
+  ibv_destroy_cq(cq[0]);
+  ibv_destroy_cq(cq[1]);
+  ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  ibv_free_device_list(devs);
+  return 0;
+}

@@ -1,0 +1,369 @@
+// The shared-memory transport: posting. A posted send is validated and
+// queued in the QP's private send queue, and the queue is driven (executed
+// in order, see transport.cc) by the posting thread itself, and by
+// progress_all from poll_cq while a WQE waits. Send completions, the flushes
+// of the error states and the periodic look for dead peers live here too.
+#include <endian.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "async.h"
+#include "context.h"
+#include "count.h"
+#include "gid_table.h"
+#include "mover.h"
+#include "proc.h"
+#include "transport_internal.h"
+
+
+namespace shmrdma {
+
+using namespace transport;
+
+
+
+int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
+  uint32_t st = qp->state();
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  if (qp->qp_type == IBV_QPT_XRC_RECV) return EINVAL;  // a receive-only QP has no send queue
+  // The operations of each transport (IBA table 4): UC has no READ or
+  // atomics, UD only SENDs.
+  switch (wr.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: break;
+    case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+      if (qp->qp_type == IBV_QPT_UD) return EINVAL;
+      break;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      if (qp->qp_type == IBV_QPT_UD) return EINVAL;
+      break;
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_XRC_SEND) return EINVAL;
+      break;
+    default: return EINVAL;  // not an operation shmrdma implements
+  }
+  if (qp->qp_type == IBV_QPT_UD && !wr.av) return EINVAL;
+  const bool local_op = is_local_op(wr.opcode);  // no data: SGEs are ignored
+  const uint32_t num_sge = local_op ? 0 : wr.num_sge;
+  if (num_sge > qp->caps.max_send_sge || (num_sge && !wr.sg_list)) return EINVAL;
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < num_sge; ++k) total += wr.sg_list[k].length;
+  bool inl = (wr.send_flags & IBV_SEND_INLINE) && !is_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ &&
+             !local_op;
+  if (inl && total > qp->caps.max_inline_data) return EINVAL;
+  if (is_atomic(wr.opcode) && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
+  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+
+  std::lock_guard lk(qp->sq_lock);
+  if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  SendSlot* s = qp->slot(qp->sq_tail);
+  s->wr_id = wr.wr_id;
+  s->opcode = wr.opcode;
+  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+  s->imm_data = wr.imm_data;
+  s->remote_addr = wr.remote_addr;
+  s->rkey = wr.rkey;
+  s->length = total;
+  s->executed = 0;
+  // Only what the operation and the transport read (the slot is private).
+  if (is_atomic(wr.opcode)) {
+    s->compare_add = wr.compare_add;
+    s->swap = wr.swap;
+  }
+  if (qp->qp_type == IBV_QPT_UD) {
+    s->remote_qpn = wr.remote_qpn;
+    s->remote_qkey = wr.remote_qkey;
+    s->av = *wr.av;
+  }
+  if (qp->qp_type == IBV_QPT_XRC_SEND) s->xrc_srqn = wr.xrc_srqn;
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    s->mw_index = wr.mw_index;
+    s->mw_mr = wr.mw_mr;
+    s->mw_mr_lkey = wr.mw_mr_lkey;
+    s->mw_access = wr.mw_access;
+    s->mw_addr = wr.mw_addr;
+    s->mw_length = wr.mw_length;
+  }
+  if (inl) {
+    s->num_sge = 0;
+    s->inline_len = static_cast<uint32_t>(total);
+    uint8_t* dst = qp->inline_data(s);
+    for (uint32_t k = 0; k < num_sge; ++k) {
+      if (wr.sg_list[k].length) std::memcpy(dst, reinterpret_cast<const void*>(wr.sg_list[k].addr), wr.sg_list[k].length);
+      dst += wr.sg_list[k].length;
+    }
+  } else {
+    s->num_sge = num_sge;
+    s->inline_len = 0;
+    if (num_sge) std::memcpy(qp->sges(s), wr.sg_list, num_sge * sizeof(ibv_sge));
+  }
+  qp->sq_tail += 1;
+  mark_pending(qp);
+  return 0;
+}
+
+// ibv_post_send's common case, one WR straight from the application's
+// ibv_send_wr into the send slot (no intermediate SendWr), then executed at
+// once under the same lock: RC and UC QPs, the operations that need nothing
+// the provider resolves (no address handle, no window). Everything else is
+// kPostGeneral: the provider goes through enqueue_send. Same checks and
+// errors as enqueue_send.
+int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
+  const uint32_t op = wr.opcode;
+  const uint32_t type = qp->qp_type;
+  // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
+  // the atomics (4-6) on RC only (UC rejects them in enqueue_send).
+  if (!((type == IBV_QPT_RC && op <= IBV_WR_ATOMIC_FETCH_AND_ADD) || (type == IBV_QPT_UC && op <= IBV_WR_SEND_WITH_IMM)))
+    return kPostGeneral;
+  const uint32_t st = qp->state();
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+  if (wr.num_sge < 0) return EINVAL;
+  const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
+  const ibv_sge* sg = wr.sg_list;
+  if (num_sge > qp->caps.max_send_sge || (num_sge && !sg)) return EINVAL;
+  uint64_t total = num_sge == 1 ? sg[0].length : 0;
+  if (num_sge > 1)
+    for (uint32_t k = 0; k < num_sge; ++k) total += sg[k].length;
+  const bool atomic = op >= IBV_WR_ATOMIC_CMP_AND_SWP;
+  const bool inl = (wr.send_flags & IBV_SEND_INLINE) && op <= IBV_WR_SEND_WITH_IMM;
+  if (inl && total > qp->caps.max_inline_data) return EINVAL;
+  if (atomic && (num_sge != 1 || sg[0].length != 8)) return EINVAL;
+  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+
+  std::lock_guard lk(qp->sq_lock);
+  if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  SendSlot* s = qp->slot(qp->sq_tail);
+  s->wr_id = wr.wr_id;
+  s->opcode = op;
+  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+  s->imm_data = wr.imm_data;
+  s->length = total;
+  s->executed = 0;
+  if (atomic) {
+    s->remote_addr = wr.wr.atomic.remote_addr;
+    s->rkey = wr.wr.atomic.rkey;
+    s->compare_add = wr.wr.atomic.compare_add;
+    s->swap = wr.wr.atomic.swap;
+  } else {
+    s->remote_addr = wr.wr.rdma.remote_addr;
+    s->rkey = wr.wr.rdma.rkey;
+  }
+  if (inl) {
+    // The small path: the bytes themselves go into the slot.
+    s->num_sge = 0;
+    s->inline_len = static_cast<uint32_t>(total);
+    uint8_t* dst = qp->inline_data(s);
+    for (uint32_t k = 0; k < num_sge; ++k) {
+      if (sg[k].length) std::memcpy(dst, reinterpret_cast<const void*>(sg[k].addr), sg[k].length);
+      dst += sg[k].length;
+    }
+  } else {
+    s->num_sge = num_sge;
+    s->inline_len = 0;
+    ibv_sge* d = qp->sges(s);
+    for (uint32_t k = 0; k < num_sge; ++k) d[k] = sg[k];
+  }
+  qp->sq_tail += 1;
+  progress_locked(qp);
+  return 0;
+}
+
+// Caller holds qp->sq_lock: WQEs are queued that progress_all must drive.
+void LocalContext::mark_pending(Qp* qp) noexcept {
+  if (!qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(1, std::memory_order_relaxed) == 0)
+    qps_pending_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept {
+  layout::Cqe c{};
+  c.wr_id = s->wr_id;
+  c.status = status;
+  c.opcode = wc_opcode(s->opcode);
+  c.byte_len = (s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode)) ? static_cast<uint32_t>(s->length) : 0;
+  c.qp_num = qp->qpn;
+  count::send_completed(cnt_, qp, status);  // counters: send_err, retry counts
+  (void)push_cqe(qp->send_cq, c, &qp->send_cq_cache);  // a full CQ has overrun; the completion is lost, as on hardware
+}
+
+
+void LocalContext::flush_send_queue(Qp* qp) noexcept {
+  // Caller holds qp->sq_lock. A WQE that was waiting (transport retry, RNR)
+  // is flushed: its wait ends with it.
+  qp->wait_started_ns = 0;
+  qp->rnr_attempts = qp->timeout_attempts = 0;
+  qp->rnr_backoff = false;
+  while (qp->sq_exec != qp->sq_tail) {
+    complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_WR_FLUSH_ERR);
+    qp->sq_exec += 1;
+  }
+  qp->sq_retire = qp->sq_exec;
+  if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// UC and UD: a send-side error moves the QP to SQE (IBA 10.8.3.3): the rest
+// of the send queue is flushed and receives go on.
+void LocalContext::enter_send_error(Qp* qp) noexcept {
+  qp->shared->qp_state.store(IBV_QPS_SQE, std::memory_order_release);
+  flush_send_queue(qp);
+}
+
+void LocalContext::flush_qp(Qp* qp) noexcept {
+  // Caller holds qp->sq_lock.
+  flush_send_queue(qp);
+  // A receive an initiator took and did not complete (it died, or is still
+  // moving the data into a QP that has now failed) is the oldest: it goes
+  // first, then the ones still queued. An XRC_RECV QP's receives come from
+  // XRC SRQs: a taken one completes in the CQ of the SRQ it was taken from.
+  uint64_t taken_wr_id = 0;
+  uint32_t taken_srqn = 0;
+  if (reclaim_take(qp, &taken_wr_id, &taken_srqn)) {
+    const layout::Cqe c = recv_status_cqe(taken_wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
+    if (qp->qp_type == IBV_QPT_XRC_RECV)
+      push_xrc_recv_cqe(dir_.self(), taken_srqn, c);
+    else
+      (void)push_cqe(qp->recv_cq, c);
+  }
+  if (qp->rq.attached())
+    drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
+      const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
+      (void)push_cqe(qp->recv_cq, c);
+    });
+  const bool first_flush = !qp->rq_flushed;
+  qp->rq_flushed = true;
+  // A QP on an SRQ reports that no more receives will complete on it
+  // (IBV_EVENT_QP_LAST_WQE_REACHED), which consumers wait for on teardown:
+  // once per entry into the error state. The SRQ itself is not flushed.
+  if (qp->srq != layout::kNoIndex && first_flush)
+    raise_async(IBV_EVENT_QP_LAST_WQE_REACHED, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
+}
+
+void LocalContext::enter_error(Qp* qp) noexcept {
+  qp->shared->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+  flush_qp(qp);
+}
+
+void LocalContext::progress(Qp* qp) noexcept {
+  std::lock_guard lk(qp->sq_lock);
+  progress_locked(qp);
+}
+
+// Executes the send queue from sq_exec on, in order, until it is empty or a
+// WQE has to wait. Caller holds qp->sq_lock. sq_pending (and the context's
+// qps_pending_) says whether WQEs are left for progress_all to drive.
+void LocalContext::progress_locked(Qp* qp) noexcept {
+  while (qp->sq_exec != qp->sq_tail) {
+    uint32_t st = qp->state();
+    if (st == IBV_QPS_ERR) {
+      flush_qp(qp);
+      return;
+    }
+    if (st == IBV_QPS_SQE) {
+      flush_send_queue(qp);
+      return;
+    }
+    if (st != IBV_QPS_RTS) break;  // SQD: hold what is queued
+    SendSlot* s = qp->slot(qp->sq_exec);
+    uint32_t status = IBV_WC_SUCCESS;
+    Exec r = execute(qp, s, &status);
+    if (r == Exec::kWait) break;
+    if (r == Exec::kError) {
+      complete_send(qp, s, status);
+      qp->sq_exec += 1;
+      qp->sq_retire = qp->sq_exec;
+      qp->wait_started_ns = 0;
+      if (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND)
+        enter_error(qp);
+      else
+        enter_send_error(qp);
+      return;
+    }
+    count::sent(cnt_, qp, s);  // counters: packets and bytes
+    s->executed = 1;
+    qp->sq_exec += 1;
+    if (s->send_flags & IBV_SEND_SIGNALED) {
+      complete_send(qp, s, IBV_WC_SUCCESS);
+      qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
+    }
+  }
+  if (qp->sq_exec != qp->sq_tail) {
+    mark_pending(qp);
+  } else if (qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(0, std::memory_order_relaxed)) {
+    qps_pending_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void LocalContext::check_peer(Qp* qp) noexcept {
+  // Caller holds mu_. A connected QP whose peer process died moves to the
+  // error state: the oldest outstanding send fails with RETRY_EXC_ERR (the
+  // transport would have given up on it), the rest and every posted receive
+  // are flushed, and the application gets IBV_EVENT_QP_FATAL.
+  // UC and UD have no connection to lose: nothing tells them a peer died.
+  if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_XRC_SEND && qp->qp_type != IBV_QPT_XRC_RECV) return;
+  uint32_t st = qp->state();
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) return;
+  std::shared_ptr<Peer> peer = qp->peer;
+  bool dead;
+  if (peer) {
+    dead = !peer->self_process && !peer->alive();
+  } else {
+    // Not reached yet: dead when the path's device has no live context in
+    // the slot the QPN names (an unresolved path is waited for instead).
+    HomeDevice* d = qp->peer_dev;
+    if (!d) return;
+    ContextInfo info;
+    dead = !d->registry->context_slot(layout::qpn_slot(qp->attr.dest_qp_num), &info) ||
+           !process_alive(static_cast<pid_t>(info.pid), info.start_time);
+  }
+  if (!dead) return;
+  std::lock_guard sq(qp->sq_lock);
+  if (qp->sq_exec != qp->sq_tail) {
+    complete_send(qp, qp->slot(qp->sq_exec), IBV_WC_RETRY_EXC_ERR);
+    qp->sq_exec += 1;
+    qp->sq_retire = qp->sq_exec;
+  }
+  enter_error(qp);
+  raise_async(IBV_EVENT_QP_FATAL, async_token(AsyncKind::kQp, qp->index, qp->shared->generation));
+}
+
+// progress_all's slow path (context.h has the inline check every poll
+// makes): queued sends, an attention bump from a peer, or the periodic look
+// for dead peers.
+void LocalContext::progress_all_slow(uint32_t polls) noexcept {
+  auto* h = header();
+  uint32_t att = h->attention.load(std::memory_order_acquire);  // pairs with the peer's release
+  // Every 1024th call, and at most every 200 ms, look for dead peers.
+  bool liveness = false;
+  if ((polls & 1023) == 0) {
+    uint64_t now = now_ns(), last = last_liveness_ns_.load(std::memory_order_relaxed);
+    liveness = now - last > 200'000'000ull &&
+               last_liveness_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed);
+  }
+  if (qps_pending_.load(std::memory_order_relaxed) == 0 && att == attention_seen_ && !liveness) return;
+  std::lock_guard lk(mu_);
+  bool attention = att != attention_seen_;
+  attention_seen_ = att;
+  // Only live QPs: the cost follows the QPs this context has, not the size
+  // of its QP table.
+  for (Qp* q : live_qps_) {
+    if (liveness) check_peer(q);
+    if (liveness) reclaim_dead_completion(q);
+    if (attention && q->state() == IBV_QPS_ERR && !q->rq_flushed) {
+      std::lock_guard sq(q->sq_lock);
+      flush_qp(q);
+      continue;
+    }
+    if (q->sq_pending.load(std::memory_order_relaxed)) progress(q);
+  }
+}
+
+}  // namespace shmrdma

@@ -1,0 +1,489 @@
+// The shared-memory transport: the receive-take protocol. A message that
+// consumes a receive WQE of the target (SEND, SEND_WITH_IMM,
+// RDMA_WRITE_WITH_IMM) takes one from the target's RQ or SRQ under the
+// target QP's receive record (layout.h rx_take), which names the holder, so
+// that the WQE completes exactly once even when the initiator dies at any
+// point (taken over by the next initiator, or completed by the owner).
+#include <endian.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "async.h"
+#include "context.h"
+#include "count.h"
+#include "gid_table.h"
+#include "mover.h"
+#include "proc.h"
+#include "transport_internal.h"
+
+
+namespace shmrdma {
+
+using namespace transport;
+
+// holder: home-wide (layout.h make_holder), so an initiator of another
+// device of the home is looked up in that device's registry.
+bool LocalContext::context_dead(uint32_t holder, uint32_t generation) noexcept {
+  const uint32_t home_id = layout::holder_home_id(holder), slot = layout::holder_slot(holder);
+  ContextInfo info;
+  if (home_id != dir_.self_id()) return !dir_.context_live(home_id, slot, generation, &info);
+  if (slot == slot_ && generation == generation_) return false;
+  return !registry_.context_slot(slot, &info) || info.generation != generation ||
+         !process_alive(static_cast<pid_t>(info.pid), info.start_time);
+}
+
+// Whether the receive completion with take tag `tag` of QP qp reached its CQ:
+// still queued there (published), or already handed out by poll_cq. The
+// ring is read first: poll_cq records the tag before it releases a slot.
+bool LocalContext::recv_completion_delivered(Qp* qp, uint8_t tag) noexcept {
+  if (qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].live) {
+    bool found = false;
+    cqs_[qp->recv_cq].info.ring.for_each_published([&](const std::byte* payload) {
+      layout::Cqe c;
+      std::memcpy(&c, payload, sizeof c);
+      if (c.qp_num == qp->qpn && (c.opcode & IBV_WC_RECV) && c.take_tag == tag && c.status != IBV_WC_WR_FLUSH_ERR)
+        found = true;
+    });
+    if (found) return true;
+  }
+  return last_recv_tag_[qp->index].load(std::memory_order_relaxed) == tag;
+}
+
+// The ring the receive WQEs of take record t come from: t's RQ or SRQ in
+// peer's segment or, for an XRC_RECV QP, the XRC SRQ srqn wherever it lives
+// (*hold keeps its owner mapped).
+bool LocalContext::take_ring(Peer& peer, layout::QpEntry* t, uint32_t srqn, std::shared_ptr<Peer>* hold,
+                             Ring* out) noexcept {
+  if (t->qp_type == IBV_QPT_XRC_RECV) {
+    Peer* owner = nullptr;
+    layout::SrqEntry* se = find_xrc_srq(peer.device, srqn, hold, &owner);
+    return se && owner->ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, out);
+  }
+  if (t->srq_index != layout::kNoIndex) {
+    layout::SrqEntry* se = peer.srq(t->srq_index);
+    return se && se->state.load(std::memory_order_acquire) == layout::kLive &&
+           peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, out);
+  }
+  return peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, out);
+}
+
+// Whether SRQ position pos, claimed and unreleased, may be held by a live
+// initiator: one delivering into another QP of peer on t's SRQ whose record
+// is busy and announces pos. Every claimer of a basic SRQ holds the record of
+// one of its owner's QPs and announces its position before it claims, so a
+// slot no live holder announces is a dead holder's. (An XRC SRQ is shared
+// with QPs of other processes: callers rely on a grace period alone.)
+bool LocalContext::srq_claim_live(Peer& peer, const layout::QpEntry* t, uint32_t pos) noexcept {
+  const uint32_t srq = t->srq_index;
+  for (uint32_t i = 0; i < peer.layout.qp_slots; ++i) {
+    layout::QpEntry* q = peer.qp(i);
+    if (!q || q == t || q->state.load(std::memory_order_acquire) != layout::kLive || q->srq_index != srq) continue;
+    if ((q->rx_take.load(std::memory_order_acquire) & layout::kTakeMask) == layout::kTakeIdle ||
+        q->rx_take_pos.load(std::memory_order_relaxed) != pos)
+      continue;
+    if (!context_dead(q->rx_holder_slot.load(std::memory_order_relaxed),
+                      q->rx_holder_generation.load(std::memory_order_relaxed)))
+      return true;
+  }
+  return false;
+}
+
+// A busy receive record (another initiator delivers into t, or one died
+// while it did). Only a value unchanged for a grace period is looked at, so
+// a holder that just reserved (and has not yet written its identity) is
+// safe; a live holder (or one of our own threads) is waited for (kBusy).
+// A dead holder's record:
+//  - reserved or taken, with the ring slot it announced (rx_take_pos) still
+//    claimed and unreleased: the holder died before it released the slot,
+//    so before it wrote into the WQE. The record passes to us (kAdopted, *nv
+//    its new value, reserved by us) and the caller delivers its own message
+//    into that WQE: no receive is lost or passed over. On an SRQ another
+//    QP's live initiator may hold that position (the dead one lost the claim
+//    to it and died before it announced the next): it is adopted only after
+//    it stayed claimed for 2 s and no live holder announces it; a live
+//    claimer whose slot is adopted all the same finds out by its release
+//    CAS and lets go. A WQE of another XRC SRQ than the caller's (srqn)
+//    completes with IBV_WC_REM_ABORT_ERR instead.
+//  - completing (it died while it wrote the receive completion): left to the
+//    owner (reclaim_dead_completion), kBusy;
+//  - otherwise it ends (kEnded); the WQE of a taken one (its slot released,
+//    the data partly moved) completes with IBV_WC_REM_ABORT_ERR (its message
+//    never fully arrived).
+LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t v,
+                                                      uint32_t srqn, uint32_t* nv) noexcept {
+  const uint64_t now = now_ns();
+  if (qp->busy_take != v || qp->busy_take_qpn != t->qpn) {
+    qp->busy_take = v;
+    qp->busy_take_qpn = t->qpn;
+    qp->busy_since_ns = now;
+    qp->busy_claim_since_ns = 0;
+    return TakeOver::kBusy;
+  }
+  if (now - qp->busy_since_ns < 100'000'000ull) return TakeOver::kBusy;
+  qp->busy_since_ns = now;  // look again in another grace period at most
+  uint32_t slot = t->rx_holder_slot.load(std::memory_order_relaxed);
+  uint32_t gen = t->rx_holder_generation.load(std::memory_order_relaxed);
+  if (!context_dead(slot, gen)) return TakeOver::kBusy;  // alive, or one of our own threads
+  uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
+  const uint32_t tsrqn = t->rx_take_srqn.load(std::memory_order_relaxed);
+  const uint32_t st = v & layout::kTakeMask;
+  if (st == layout::kTakeReserved || st == layout::kTakeTaken) {
+    const uint32_t pos = t->rx_take_pos.load(std::memory_order_relaxed);
+    const bool xrc_t = t->qp_type == IBV_QPT_XRC_RECV;
+    std::shared_ptr<Peer> hold;
+    Ring ring;
+    RingHandle h{};
+    if (take_ring(peer, t, tsrqn, &hold, &ring) && ring.claimed_unreleased(pos, &h)) {
+      if (st == layout::kTakeReserved && (xrc_t || t->srq_index != layout::kNoIndex)) {
+        if (!qp->busy_claim_since_ns || qp->busy_claim_pos != pos) {
+          qp->busy_claim_since_ns = now;
+          qp->busy_claim_pos = pos;
+          return TakeOver::kBusy;
+        }
+        if (now - qp->busy_claim_since_ns < 2'000'000'000ull) return TakeOver::kBusy;
+        if (!xrc_t && srq_claim_live(peer, t, pos)) return TakeOver::kBusy;
+      }
+      if (!take_transfer(t, v, holder_id(), generation_, nv)) return TakeOver::kBusy;
+      if (!xrc_t || tsrqn == srqn) return TakeOver::kAdopted;
+      // Another XRC SRQ's WQE: taken over like deliver does, then aborted.
+      layout::RecvWqeHeader wqe;
+      std::memcpy(&wqe, h.payload, sizeof wqe);
+      uint32_t taken = 0;
+      if (!take_hold(t, *nv, wqe.wr_id, &taken)) return TakeOver::kBusy;
+      if (!ring.release_cas(h)) {
+        take_end(t, taken);
+        return TakeOver::kEnded;
+      }
+      if (take_complete_begin(t, taken)) {
+        push_xrc_recv_cqe(peer.device, tsrqn, recv_status_cqe(wqe.wr_id, IBV_WC_REM_ABORT_ERR, t->qpn));
+        take_done(t, taken);
+      }
+      return TakeOver::kEnded;
+    }
+  }
+  // A record left completing: only the owner can tell whether the receive
+  // completion reached its CQ (reclaim_dead_completion); until it ends the
+  // record, we wait, so no later completion of t overtakes that one. (The
+  // CQ of an XRC SRQ may be another process's: ended here, as before.)
+  if (st == layout::kTakeCompleting && t->qp_type != IBV_QPT_XRC_RECV) return TakeOver::kBusy;
+  if (!take_end(t, v)) return TakeOver::kBusy;
+  if (st == layout::kTakeTaken) {
+    const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, t->qpn);
+    if (t->qp_type == IBV_QPT_XRC_RECV)
+      push_xrc_recv_cqe(peer.device, tsrqn, c);  // the XRC SRQ's CQ
+    else
+      (void)push_peer_cqe(peer, t->recv_cq, c);
+  }
+  return TakeOver::kEnded;
+}
+
+// A receive completion a dead initiator was writing into our QP's CQ (its
+// record stuck completing; see take_holder_dead): unless it arrived, the WQE
+// completes with IBV_WC_REM_ABORT_ERR. Ending the record lets the next
+// initiator in. Called from the periodic liveness pass (progress_all).
+void LocalContext::reclaim_dead_completion(Qp* qp) noexcept {
+  if (qp->qp_type == IBV_QPT_XRC_RECV) return;
+  layout::QpEntry* e = qp->shared;
+  const uint32_t v = e->rx_take.load(std::memory_order_acquire);
+  if ((v & layout::kTakeMask) != layout::kTakeCompleting ||
+      !context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                    e->rx_holder_generation.load(std::memory_order_relaxed)))
+    return;
+  const uint64_t wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+  const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+  if (take_end(e, v) && !delivered) (void)push_cqe(qp->recv_cq, recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, qp->qpn));
+}
+
+// The owner's side of its QP's take record, when the QP is flushed (ERR) or
+// reset: true with the WQE to complete (*wr_id; *srqn its XRC SRQ) when the
+// record held one nobody else will complete, and then the record is ended:
+//  - taken: always (the initiator's completion then finds the record ended);
+//    a slot its holder left claimed goes back to the ring (a live holder's
+//    release CAS then fails and it lets go of the WQE);
+//  - completing, by a dead initiator: unless its completion reached the CQ;
+//  - reserved, by a dead initiator that left the slot it announced claimed
+//    and unreleased (see take_holder_dead; on an SRQ only when no live
+//    initiator announces that position; never on an XRC SRQ, which may have
+//    claimers in other processes): the WQE of that slot.
+// A reserved record of a live initiator is left to it.
+bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcept {
+  layout::QpEntry* e = qp->shared;
+  const bool xrc = qp->qp_type == IBV_QPT_XRC_RECV;
+  const uint32_t v = e->rx_take.load(std::memory_order_acquire);
+  const uint32_t st = v & layout::kTakeMask;
+  if (st == layout::kTakeIdle) return false;
+  *srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
+  const bool dead = context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                                 e->rx_holder_generation.load(std::memory_order_relaxed));
+  if (st == layout::kTakeCompleting) {
+    // The initiator died while it wrote the receive completion: flush the
+    // WQE unless that completion made it into our CQ.
+    if (xrc || !dead) return false;
+    *wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+    const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+    return take_end(e, v) && !delivered;
+  }
+  const uint32_t pos = e->rx_take_pos.load(std::memory_order_relaxed);
+  std::shared_ptr<Peer> hold;
+  Ring ring;
+  RingHandle h{};
+  const bool held = take_ring(self_peer_, e, *srqn, &hold, &ring) && ring.claimed_unreleased(pos, &h);
+  if (st == layout::kTakeTaken) {
+    *wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
+    if (!take_end(e, v)) return false;
+    if (held) (void)ring.release_cas(h);
+    return true;
+  }
+  if (!dead || !held || xrc || (e->srq_index != layout::kNoIndex && srq_claim_live(self_peer_, e, pos)))
+    return false;
+  layout::RecvWqeHeader wqe;
+  std::memcpy(&wqe, h.payload, sizeof wqe);
+  if (!take_end(e, v) || !ring.release_cas(h)) return false;
+  *wr_id = wqe.wr_id;
+  return true;
+}
+
+// Delivers a message that consumes one of target QP t's receive WQEs (SEND,
+// SEND_WITH_IMM, RDMA_WRITE_WITH_IMM; a UD SEND is preceded by its 40-byte
+// GRH area `grh`): takes the WQE (recorded in t's receive record, so it
+// completes exactly once even if we die), scatters the data into it and
+// writes the receive completion `cqe` (wr_id, status and byte_len filled
+// here). rnr_wait: an empty queue is waited for (RC) rather than dropped.
+// xrc: the WQE comes from that XRC SRQ (possibly in another process than t,
+// which only keeps the take record); its PD checks the receive buffers and
+// its CQ gets the completion.
+LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s,
+                                            const IoVec* local, uint32_t nlocal, const uint8_t* grh,
+                                            bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
+                                            const RecvSource* xrc) noexcept {
+  const uint64_t len = s->length;
+  // Where the receive WQE, its buffers and its completion queue live.
+  Peer& rpeer = xrc ? *xrc->peer : peer;
+  const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
+  const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
+  uint32_t srq_index = t->srq_index;
+  Ring rq;
+  layout::SrqEntry* se = nullptr;
+  if (xrc) {
+    se = xrc->se;
+    srq_index = xrc->srq_index;
+    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Deliver::kGone;
+    }
+  } else if (srq_index != layout::kNoIndex) {
+    se = peer.srq(srq_index);
+    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
+        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
+      *status = IBV_WC_REM_OP_ERR;
+      return Deliver::kGone;
+    }
+  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
+    *status = IBV_WC_REM_OP_ERR;
+    return Deliver::kGone;
+  }
+  if (rnr_wait && qp->rnr_backoff) {
+    // The last attempt found no receive (an RNR NAK). Hardware retries after
+    // the responder's RNR timer; we go on as soon as a batch of receives is
+    // posted, or after at most kRnrBackoffNs. Retrying on every single
+    // receive instead keeps sender and receiver in lock step, each message
+    // paying a round trip between cores. Looked at before the receive
+    // record is reserved: a backing-off sender writes nothing of the
+    // target's (a record a dead holder left is looked at once the back-off
+    // ends, at most kRnrBackoffNs later).
+    const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
+    if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) return Deliver::kNoReceive;
+    qp->rnr_backoff = false;
+  }
+  uint32_t v = 0;
+  bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
+  if (!take_reserve(t, holder_id(), generation_, &v)) {
+    switch (take_holder_dead(qp, peer, t, v, xrc ? xrc->srqn : layout::kNoIndex, &v)) {
+      case TakeOver::kBusy: return Deliver::kBusy;
+      case TakeOver::kAdopted: adopted = true; break;
+      case TakeOver::kEnded:
+        if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kBusy;
+        break;
+    }
+  }
+  qp->busy_take_qpn = 0;
+  // Names the ring of the positions we announce (published by the claim).
+  if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);
+  uint32_t held = v;  // the record's value while we hold it (reserved, then taken)
+  auto gone = [&](uint32_t st) {
+    take_end(t, held);
+    *status = st;
+    return Deliver::kGone;
+  };
+  uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
+  rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
+  // Every position we try to claim is announced in the record first, so if
+  // we die holding the slot the next initiator adopts it (take_holder_dead).
+  auto announce = [t](uint32_t pos) { take_announce(t, pos); };
+  RingResult claimed;
+  if (adopted) {
+    // The dead holder's slot: ours, unless the owner flushed it meanwhile.
+    if (rq.claimed_unreleased(t->rx_take_pos.load(std::memory_order_relaxed), &claimed.handle))
+      claimed.status = RingStatus::ok;
+    else
+      claimed.status = RingStatus::contended;
+  } else {
+    claimed = rq.try_claim_announced(announce);
+    if (!claimed && claimed.status != RingStatus::contended && rnr_wait) {
+      // Tell the receiver someone waits (its post_recv wakes us: cq.cc
+      // wake_initiator), then look once more. The fence pairs with the one the
+      // receiver runs after posting: either we see its WQE or it sees the flag.
+      if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
+        t->initiator_waiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      claimed = rq.try_claim_announced(announce);
+    }
+  }
+  if (!claimed) {
+    take_end(t, v);
+    if (claimed.status == RingStatus::contended) return Deliver::kBusy;
+    if (rnr_wait) {
+      qp->rnr_backoff = true;
+      qp->rnr_backoff_since_ns = now_ns();
+    }
+    return Deliver::kNoReceive;
+  }
+  // Copy the WQE out of shared memory, record the take, then free the slot.
+  // Both are CASes: a record we no longer hold (RESET discarded it) or a slot
+  // someone adopted (we were taken for dead, or the owner's flush ended our
+  // record first) is not ours, nor is the WQE: let go, the send is retried.
+  layout::RecvWqeHeader h;
+  layout::WireSge rsge[limits::kMaxSge];
+  std::memcpy(&h, claimed.handle.payload, sizeof h);
+  uint32_t rn = std::min(h.num_sge, rq_max_sge);
+  if (rn == 1)
+    std::memcpy(rsge, claimed.handle.payload + sizeof h, sizeof(layout::WireSge));  // inlined
+  else
+    std::memcpy(rsge, claimed.handle.payload + sizeof h, rn * sizeof(layout::WireSge));
+  uint32_t taken = 0;
+  if (!take_hold(t, v, h.wr_id, &taken)) {
+    (void)rq.release_cas(claimed.handle);  // discarded with the record, unless already adopted
+    return Deliver::kBusy;
+  }
+  held = taken;
+  if (!rq.release_cas(claimed.handle)) {
+    take_end(t, taken);
+    return Deliver::kBusy;
+  }
+  // The next send to this queue reads the next slot and then releases it (a
+  // store): fetch its line for writing now, and again from progress_all
+  // while we poll, so neither waits for the line to cross cores on the
+  // critical path. The receiver does not touch a posted slot until it comes
+  // round again, so taking the line early costs it nothing.
+  const void* next_slot = rq.slot_address(claimed.handle.pos + 1);
+  __builtin_prefetch(next_slot, 1);
+  warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
+  // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
+  // exchange disarms it, so each arming raises one event.
+  if (se) {
+    uint32_t lim = se->limit.load(std::memory_order_relaxed);
+    if (lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel))
+      rpeer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
+  }
+
+  const uint64_t total = len + (grh ? kGrhBytes : 0);
+  cqe.wr_id = h.wr_id;
+  cqe.take_tag = static_cast<uint8_t>(taken >> 2);
+  cqe.byte_len = static_cast<uint32_t>(total);
+  auto complete = [&](const layout::Cqe& c) {
+    // Unless the owner flushed it. The record stays busy until the CQE is
+    // in, so the next sender's completion cannot overtake this one.
+    if (take_complete_begin(t, taken)) {
+      (void)push_peer_cqe(rpeer, rcq, c, &qp->target_cq_cache);
+      take_done(t, taken);
+    }
+  };
+  auto responder_error = [&](uint32_t recv_status, uint32_t our_status) {
+    // The responder's WQE completes in error and its QP enters the error
+    // state; its owner flushes the rest at its next poll.
+    cqe.status = recv_status;
+    cqe.byte_len = 0;
+    complete(cqe);
+    t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
+    th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
+    *status = our_status;
+    return Deliver::kResponderError;
+  };
+
+  if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
+    // Scatter into the receive buffers, checked against the target's MRs.
+    IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
+    uint32_t nremote = 0;
+    uint64_t room = 0, need = total;
+    bool direct = true;  // every receive buffer is reachable with memcpy
+    for (uint32_t k = 0; k < rn && need; ++k) {
+      uint64_t take = std::min<uint64_t>(rsge[k].length, need);
+      if (take == 0) continue;
+      Remote r;
+      if (!resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+      direct_iov[nremote] = {r.local, take};
+      host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
+      ++nremote;
+      direct = direct && r.local && !qp->local_odp;  // ODP memory on either side: CMA
+      room += take;
+      need -= take;
+    }
+    if (room < total) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
+    IoVec src[limits::kMaxSge + 1];
+    uint32_t nsrc = 0;
+    if (grh) src[nsrc++] = {const_cast<uint8_t*>(grh), kGrhBytes};
+    for (uint32_t k = 0; k < nlocal; ++k) src[nsrc++] = local[k];
+    const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
+    if (int rc = move_out(rpeer.pid, direct, src, nsrc, remote, nremote, false)) {
+      if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
+      return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+    }
+  }
+  // SEND_WITH_INV: the window is invalid before the receiver can see the
+  // completion. A key that names no valid type 2 window of the receiver's
+  // PD is an invalid request (rxe: RESPST_ERR_INVALIDATE_RKEY).
+  if ((cqe.wc_flags & IBV_WC_WITH_INV) && !invalidate_remote_mw(rpeer, rpd, cqe.imm_data, false))
+    return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
+  cqe.status = IBV_WC_SUCCESS;
+  count::recv_done(cnt_, qp, t, peer.device);  // counters: rdma_recvs
+  complete(cqe);
+  return Deliver::kDone;
+}
+
+layout::SrqEntry* LocalContext::find_xrc_srq(HomeDevice* dev, uint32_t srqn, std::shared_ptr<Peer>* cache,
+                                             Peer** owner) noexcept {
+  if (!dev) return nullptr;
+  const uint32_t slot = layout::srqn_slot(srqn);
+  // Looked up in the cached peer first, then once more in a fresh one (the
+  // slot may now hold another context).
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (attempt || !*cache || (*cache)->slot != slot || (*cache)->device != dev)
+      *cache = dev->peers.get(*dev, slot, self_peer_);
+    if (!*cache) return nullptr;
+    Peer& p = **cache;
+    layout::SrqEntry* se = p.srq(layout::srqn_index(srqn));
+    if (se && se->state.load(std::memory_order_acquire) == layout::kLive &&  // A1 pairs with R1
+        se->srq_num == srqn && se->srq_type == IBV_SRQT_XRC) {
+      *owner = &p;
+      return se;
+    }
+  }
+  return nullptr;
+}
+
+void LocalContext::push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layout::Cqe& c) noexcept {
+  std::shared_ptr<Peer> cache;
+  Peer* owner = nullptr;
+  layout::SrqEntry* se = find_xrc_srq(dev, srqn, &cache, &owner);
+  if (!se) return;  // the SRQ is gone, and its CQ with it
+  (void)push_peer_cqe(*owner, se->cq_index, c);
+}
+
+}  // namespace shmrdma
