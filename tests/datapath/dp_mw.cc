@@ -22,43 +22,19 @@
 #include <sstream>
 #include <string>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
+using harness::fnv;
 
 constexpr size_t kLen = 64 << 10;
 constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC;
-int g_failures = 0;
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
-
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      ++g_failures;                                               \
-      std::printf("FAIL line %d: %s: ", __LINE__, #cond);         \
-      std::printf(__VA_ARGS__);                                   \
-      std::printf("\n");                                          \
-    }                                                             \
-  } while (0)
-
-uint64_t fnv(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 struct Hello {
   uint32_t qpn = 0;
@@ -67,14 +43,14 @@ struct Hello {
 };
 
 Hello exchange(ibv_context* ctx, ibv_qp* qp) {
-  Hello me{qp->qp_num, dp::port_lid(ctx), 0}, peer{};
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me) || !dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000))
+  Hello me{qp->qp_num, harness::port_lid(ctx), 0}, peer{};
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me) || !harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000))
     die("hello exchange");
   return peer;
 }
 
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
-  return dp::qp_to_init(qp, kQpAccess) == 0 && dp::qp_to_rtr(qp, peer.qpn, peer.lid) == 0 && dp::qp_to_rts(qp) == 0;
+  return harness::qp_to_init(qp, kQpAccess) == 0 && harness::qp_to_rtr(qp, peer.qpn, peer.lid) == 0 && harness::qp_to_rts(qp) == 0;
 }
 
 bool reconnect(ibv_qp* qp, const Hello& peer) {
@@ -86,7 +62,7 @@ bool reconnect(ibv_qp* qp, const Hello& peer) {
 // Drains one completion of `cq`: its status, or -1 on timeout.
 int poll_status(ibv_cq* cq, ibv_wc* out = nullptr) {
   ibv_wc wc{};
-  if (!dp::poll_one(cq, &wc)) return -1;
+  if (!harness::poll_one(cq, &wc)) return -1;
   if (out) *out = wc;
   return wc.status;
 }
@@ -95,7 +71,7 @@ int poll_status(ibv_cq* cq, ibv_wc* out = nullptr) {
 
 int run_peer() {
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
+  ibv_context* ctx = harness::open_shm0(&why);
   if (!ctx) die("%s", why.c_str());
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
@@ -115,7 +91,7 @@ int run_peer() {
   if (!mr) die("ibv_reg_mr");
   Hello owner = exchange(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   for (;;) {
     if (ctl.poll_line(&line, 60000) != 1) die("no command");
@@ -180,7 +156,7 @@ struct Owner {
   ibv_mr* mr_nobind = nullptr;
   ibv_mr* mr_nolw = nullptr;  // REMOTE_READ | MW_BIND, no LOCAL_WRITE
   Hello peer;
-  dp::LineReader ctl{dp::kCtlFd};
+  harness::LineReader ctl{harness::kCtlFd};
 
   // Runs a peer command: the completion status (and the READ's hash).
   int cmd(const std::string& c, uint64_t* hash = nullptr) {
@@ -259,7 +235,7 @@ struct Owner {
 int run_owner() {
   Owner o;
   std::string why;
-  o.ctx = dp::open_shm0(&why);
+  o.ctx = harness::open_shm0(&why);
   if (!o.ctx) die("%s", why.c_str());
   ibv_device_attr da{};
   if (ibv_query_device(o.ctx, &da)) die("query_device");
@@ -402,7 +378,7 @@ int run_owner() {
     CHECK(ibv_wr_complete(o.qpx) == 0, "ibv_wr_complete (bind)");
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 21,
-          "ibv_wr_bind_mw completion %s", dp::wc_str(wc).c_str());
+          "ibv_wr_bind_mw completion %s", harness::wc_str(wc).c_str());
   }
   CHECK(o.read(k2b, w2, kW2, &h) == IBV_WC_SUCCESS && h == fnv(w2, kW2), "READ after ibv_wr_bind_mw");
   CHECK(o.read(k2a, w2, 16) == IBV_WC_REM_ACCESS_ERR, "READ with the invalidated key");
@@ -425,7 +401,7 @@ int run_owner() {
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.wr_id == 31 && wc.opcode == IBV_WC_RECV &&
               (wc.wc_flags & IBV_WC_WITH_INV) && wc.invalidated_rkey == k2b && wc.byte_len == 16,
-          "receive of SEND_WITH_INV: %s, invalidated_rkey 0x%x (want 0x%x)", dp::wc_str(wc).c_str(),
+          "receive of SEND_WITH_INV: %s, invalidated_rkey 0x%x (want 0x%x)", harness::wc_str(wc).c_str(),
           wc.invalidated_rkey, k2b);
     CHECK(o.buf[0] == 0x42 && o.buf[15] == 0x42, "SEND_WITH_INV payload");
   }
@@ -460,7 +436,7 @@ int run_owner() {
     CHECK(o.cmd("sendinv " + std::to_string(k2c)) == IBV_WC_REM_INV_REQ_ERR, "SEND_WITH_INV of an invalidated key");
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_REM_INV_REQ_ERR && wc.wr_id == 32, "receive of a bad SEND_WITH_INV: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
   }
 
   // ---- bind errors (each moves eqp to ERR; it is reset after each).
@@ -501,8 +477,8 @@ int run_owner() {
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_dealloc_pd(o.pd2) == 0, "dealloc_pd");
   CHECK(ibv_close_device(o.ctx) == 0, "close");
   std::free(o.buf);
-  std::printf("OWNER done: %d failure(s)\n", g_failures);
-  return g_failures ? 1 : 0;
+  std::printf("OWNER done: %d failure(s)\n", harness::check_failures);
+  return harness::check_failures ? 1 : 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -516,19 +492,19 @@ std::string self_exe() {
 }
 
 TEST(MemoryWindows, Type1Type2InvalidateAndErrors) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = self_exe();
-  dp::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), sv[0]));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), sv[1]));
+  harness::Child owner, peer;
+  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), {.fd3 = sv[0]}));
+  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), {.fd3 = sv[1]}));
   ::close(sv[0]);
   ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(90);
-  dp::RunResult o = owner.wait(deadline);
-  dp::RunResult p = peer.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(10)));
+  auto deadline = harness::Clock::now() + std::chrono::seconds(90);
+  harness::Result o = owner.wait(deadline);
+  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
   std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
   EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
   EXPECT_NE(o.out.find("OWNER done: 0 failure(s)"), std::string::npos) << o.out;
@@ -539,17 +515,12 @@ TEST(MemoryWindows, Type1Type2InvalidateAndErrors) {
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return std::string(argv[2]) == "owner" ? run_owner() : run_peer();
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }
