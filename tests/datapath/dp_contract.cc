@@ -37,6 +37,8 @@
 namespace {
 
 using harness::die;
+using harness::Hello;
+using harness::poll_status;
 using harness::fnv;
 using harness::map_buf;
 
@@ -44,41 +46,11 @@ constexpr size_t kLen = 64 << 10;
 constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC;
 
-struct Hello {
-  uint32_t qpn = 0;
-  uint16_t lid = 0;
-  uint16_t pad = 0;
-};
-
-Hello exchange(ibv_context* ctx, ibv_qp* qp) {
-  Hello me{qp->qp_num, harness::port_lid(ctx), 0}, peer{};
-  if (!harness::write_all(harness::kCtlFd, &me, sizeof me) || !harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000))
-    die("hello exchange");
-  return peer;
-}
-
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
-  return harness::qp_to_init(qp, kQpAccess) == 0 && harness::qp_to_rtr(qp, peer.qpn, peer.lid) == 0 && harness::qp_to_rts(qp) == 0;
+  return harness::connect_qp(qp, peer.qpn, peer.lid, kQpAccess) == 0;
 }
 
-bool reconnect(ibv_qp* qp, const Hello& peer) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RESET;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0 && connect_qp(qp, peer);
-}
-
-bool to_err(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0;
-}
-
-int poll_status(ibv_cq* cq, ibv_wc* out = nullptr) {
-  ibv_wc wc{};
-  if (!harness::poll_one(cq, &wc)) return -1;
-  if (out) *out = wc;
-  return wc.status;
-}
+bool reconnect(ibv_qp* qp, const Hello& peer) { return harness::qp_to_reset(qp) == 0 && connect_qp(qp, peer); }
 
 int post_recv(ibv_qp* qp, uint8_t* p, uint32_t len, uint32_t lkey, uint64_t wr_id) {
   ibv_sge s{reinterpret_cast<uintptr_t>(p), len, lkey};
@@ -124,20 +96,12 @@ int run_peer() {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("pd/cq");
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq;
-  ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = 8;
-  ia.cap.max_recv_wr = 8;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 8, 8);
   if (!qp) die("ibv_create_qp");
   uint8_t* buf = map_buf(kLen);
   ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
   if (!mr) die("ibv_reg_mr");
-  Hello owner = exchange(ctx, qp);
+  Hello owner = harness::exchange_hello(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
   harness::LineReader ctl(harness::kCtlFd);
   std::string line;
@@ -149,7 +113,7 @@ int run_peer() {
     if (cmd == "quit") break;
     char reply[128];
     if (cmd == "err") {
-      if (!to_err(qp)) die("peer to ERR");
+      if (harness::qp_to_err(qp) != 0) die("peer to ERR");
       bool all_flush = false;
       int n = drain_flushes(cq, &all_flush);
       std::snprintf(reply, sizeof reply, "%d %d", n, all_flush ? 1 : 0);
@@ -452,7 +416,7 @@ void reuse(Owner& o) {
       // Both QPs moved to ERR with a receive outstanding (flushed); the
       // owner comes back first.
       CHECK(post_recv(o.qp, buf, 4096, mr->lkey, 100 + round) == 0, "post_recv");
-      CHECK(to_err(o.qp), "owner to ERR");
+      CHECK(harness::qp_to_err(o.qp) == 0, "owner to ERR");
       bool all_flush = false;
       CHECK(drain_flushes(o.cq, &all_flush) == 1 && all_flush, "owner's receive flushed");
       CHECK(o.cmd("err") == 0, "peer flushes");
@@ -477,7 +441,7 @@ void reuse(Owner& o) {
       // owner is still in ERR (it waits like a transport retry).
       // A SEND of the peer already waits for the owner when both enter ERR
       // (it is flushed); a QP after RESET must not inherit that wait.
-      CHECK(to_err(o.qp), "owner to ERR");
+      CHECK(harness::qp_to_err(o.qp) == 0, "owner to ERR");
       CHECK(o.cmd("sendasync 100 0") == 0, "peer posts a SEND to a QP in ERR");
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       {
@@ -597,7 +561,7 @@ void timestamps(Owner& o) {
   // The peer's QP is connected to o.qp: this one replaces it on our side.
   ibv_qp* old = o.qp;
   ibv_cq* old_cq = o.cq;
-  CHECK(to_err(old), "old QP to ERR");
+  CHECK(harness::qp_to_err(old) == 0, "old QP to ERR");
   o.qp = qp;
   o.cq = ibv_cq_ex_to_cq(cq);
   if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
@@ -949,7 +913,7 @@ void parent_domains(Owner& o) {
   ibv_mr* bmr = ibv_reg_mr(base, buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr || !bmr) die("reg_mr");
   ibv_qp* old = o.qp;
-  CHECK(to_err(old), "old QP to ERR");
+  CHECK(harness::qp_to_err(old) == 0, "old QP to ERR");
   if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
   {
     std::string r;
@@ -975,7 +939,7 @@ void parent_domains(Owner& o) {
   CHECK(o.write(bmr->rkey, buf + 9000, 300, 0x45) == IBV_WC_SUCCESS && all_are(buf + 9000, 300, 0x45),
         "peer WRITE through an MR of its PD (the same PD)");
   // Back to the original QP for the rest of the run.
-  CHECK(to_err(qp), "parent QP to ERR");
+  CHECK(harness::qp_to_err(qp) == 0, "parent QP to ERR");
   o.qp = old;
   o.cq = ocq;
   if (!o.ctl.send_line("newqp " + std::to_string(old->qp_num))) die("newqp");
@@ -1024,7 +988,7 @@ int run_owner() {
   ia.cap.max_recv_sge = 1;
   o.qp = ibv_create_qp(o.pd, &ia);
   if (!o.qp) die("create_qp");
-  o.peer = exchange(o.ctx, o.qp);
+  o.peer = harness::exchange_hello(o.ctx, o.qp);
   if (!connect_qp(o.qp, o.peer)) die("connect");
   const char* only = std::getenv("DP_CONTRACT_ONLY");
   std::string sel = only ? only : "";
@@ -1043,20 +1007,12 @@ int run_owner() {
   return harness::check_failures ? 1 : 0;
 }
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 void run_pair(const char* only) {
   auto& home = harness::Home::get();
   ::setenv("DP_CONTRACT_ONLY", only, 1);
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child owner, peer;
   ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), {.fd3 = sv[0]}));
   ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), {.fd3 = sv[1]}));

@@ -130,18 +130,9 @@ struct Objects {
     mr = ibv_reg_mr(pd, buf.data(), buf.size(),
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     REQUIRE(mr, "reg_mr: %s", std::strerror(errno));
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 32;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    rc = ibv_create_qp(pd, &ia);
-    rc2 = ibv_create_qp(pd, &ia);
-    ia.qp_type = IBV_QPT_UD;
-    ud = ibv_create_qp(pd, &ia);
+    rc = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
+    rc2 = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
+    ud = harness::create_qp(pd, cq, IBV_QPT_UD, 64, 32);
     REQUIRE(rc && rc2 && ud, "create_qp: %s", std::strerror(errno));
   }
   void destroy_qps() {
@@ -331,14 +322,6 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   return 0;
 }
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 // ------------------------------------------------------------------ checks
 
 using Counts = std::map<std::string, uint64_t>;  // "counters/x" and "hw_counters/y"
@@ -426,7 +409,7 @@ void run_pair(const std::string& dev, uint32_t port, uint32_t nports, bool clien
 
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  const std::string exe = self_exe(), ps = std::to_string(port);
+  const std::string exe = harness::self_exe(), ps = std::to_string(port);
   harness::Child server, client;
   ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--dev", dev, "--port", ps, "--dir", dir}), {.fd3 = sv[0]}));
   ASSERT_TRUE(client.start(home.run_argv({exe, "--worker", "client", "--dev", dev, "--port", ps, "--dir", dir}), {.fd3 = sv[1]}));

@@ -300,6 +300,21 @@ class Errors : public ::testing::Test {
 };
 
 // ---------------------------------------------------------------------------
+// ibv_query_qp_data_in_order: shmrdma promises no in-order placement within a
+// message (memcpy and process_vm_writev store a message's bytes in no fixed
+// order; only an RDMA WRITE's last byte is stored last), so the answer is 0
+// for every opcode, connected or not (docs/ARCHITECTURE.md, data path).
+
+TEST_F(Errors, QueryQpDataInOrderPromisesNothing) {
+  Pair p;
+  make_pair(&p);
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
+                           IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD})
+    for (ibv_qp* q : {p.a, p.b}) EXPECT_EQ(ibv_query_qp_data_in_order(q, op, 0), 0) << "opcode " << op;
+  EXPECT_EQ(ibv_query_qp_data_in_order(p.a, IBV_WR_RDMA_WRITE, 1u << 31), 0) << "an unknown flag";
+}
+
+// ---------------------------------------------------------------------------
 // Local protection
 
 TEST_F(Errors, WrongLkeyOnSendIsLocProtErr) {

@@ -70,15 +70,7 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 1024, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("%s: pd/cq: %s", name.c_str(), std::strerror(errno));
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq;
-  ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = kMaxOutstanding;
-  ia.cap.max_recv_wr = kRecvs;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, kMaxOutstanding, kRecvs);
   if (!qp) die("%s: ibv_create_qp: %s", name.c_str(), std::strerror(errno));
   void* mem = nullptr;
   const size_t kRecvSlot = mode == "bigsend" ? kBigMsg : kMsg;  // receive buffer size
@@ -266,14 +258,6 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
 // ---------------------------------------------------------------------------
 // The gtest driver
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 class Fault : public ::testing::TestWithParam<std::string> {};
 
 void kill_round(const std::string& mode) {
@@ -281,7 +265,7 @@ void kill_round(const std::string& mode) {
   const bool rnr = mode == "rnr";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child survivor, victim;
   ASSERT_TRUE(survivor.start(home.run_argv({exe, "--worker", "a", "--mode", mode, "--idle", "0"}), {.fd3 = sv[0]}))
       << survivor.output();

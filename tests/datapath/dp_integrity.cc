@@ -924,14 +924,6 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
 // ---------------------------------------------------------------------------
 // The gtest driver
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 uint64_t env_u64(const char* name, uint64_t def) {
   const char* v = std::getenv(name);
   return v && *v ? std::strtoull(v, nullptr, 0) : def;
@@ -959,7 +951,7 @@ void run_pair(bool mapped, const std::string& client_device = "") {
               client_device.empty() ? "" : ", client on ", client_device.c_str());
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child server, client;
   auto sargs = home.run_argv({exe, "--worker", "server", "--seed", std::to_string(seed)});
   auto cargs = home.run_argv({exe, "--worker", "client", "--seed", std::to_string(seed), "--ops", std::to_string(ops),

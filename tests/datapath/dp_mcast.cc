@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "home.h"
+#include "verbs.h"
 
 namespace {
 
@@ -57,15 +58,7 @@ struct Ud {
     buf.assign(size_t{kSlots} * (kMsgLen + 40), 0);
     mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
     if (!mr) return fail("reg_mr");
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_UD;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = kSlots;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qp = ibv_create_qp(pd, &ia);
+    qp = harness::create_qp(pd, cq, IBV_QPT_UD, 16, kSlots);
     if (!qp) return fail("create_qp");
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;

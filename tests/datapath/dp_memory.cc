@@ -458,14 +458,6 @@ int run_peer() {
 
 // ---------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 class Memory : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
@@ -479,7 +471,7 @@ TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
   auto& home = harness::Home::get();
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child owner, peer;
   ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), {.fd3 = sv[0]}));
   ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()}), {.fd3 = sv[1]}));

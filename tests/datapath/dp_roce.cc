@@ -110,15 +110,7 @@ struct Ep {
     return g;
   }
   ibv_qp* qp(ibv_qp_type type) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = type;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 64;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    ibv_qp* q = ibv_create_qp(pd, &ia);
+    ibv_qp* q = harness::create_qp(pd, cq, type, 64, 64);
     REQUIRE(q, "ibv_create_qp: %s", std::strerror(errno));
     return q;
   }
@@ -626,14 +618,6 @@ const auto* const kNetEnv [[maybe_unused]] = ::testing::AddGlobalTestEnvironment
     ASSERT_TRUE(net().ok) << "network setup failed: " << net().fail; \
   } while (0)
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 // Runs a server in nsB (on roceB) and a client in nsA (on roceA) with a
 // socketpair as fd 3 of both; both must exit 0 and print `ok_text`.
 void run_pair(const std::vector<std::string>& server_args, const std::vector<std::string>& client_args,
@@ -666,7 +650,7 @@ void run_pair(const std::vector<std::string>& server_args, const std::vector<std
 TEST(Roce, ErrorsGrhSgidIndexUnknownGid) {
   REQUIRE_NET();
   harness::Child w;
-  ASSERT_TRUE(harness::start_on(w, net().dev_a, net().run_argv(net().ns_a, {self_exe(), "--worker", "errors"})));
+  ASSERT_TRUE(harness::start_on(w, net().dev_a, net().run_argv(net().ns_a, {harness::self_exe(), "--worker", "errors"})));
   harness::Result r = w.wait(harness::Clock::now() + std::chrono::seconds(60));
   std::printf("%s", r.out.c_str());
   EXPECT_TRUE(r.ok()) << r.describe();
@@ -675,7 +659,7 @@ TEST(Roce, ErrorsGrhSgidIndexUnknownGid) {
 
 TEST(Roce, UdGrhMulticastRcAndRemovedGid) {
   REQUIRE_NET();
-  run_pair({self_exe(), "--worker", "server"}, {self_exe(), "--worker", "client"}, "SERVER OK", "CLIENT OK");
+  run_pair({harness::self_exe(), "--worker", "server"}, {harness::self_exe(), "--worker", "client"}, "SERVER OK", "CLIENT OK");
 }
 
 // dp_integrity's workers over GIDs ($DP_GID_INDEX), one per namespace.

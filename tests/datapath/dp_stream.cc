@@ -150,15 +150,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
   me.lid = harness::port_lid(ctx);
   me.rkey = mr->rkey;
   for (uint32_t i = 0; i < nqps; ++i) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kOut;
-    ia.cap.max_recv_wr = kRecv;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    q[i].qp = ibv_create_qp(pd, &ia);
+    q[i].qp = harness::create_qp(pd, cq, IBV_QPT_RC, kOut, kRecv);
     if (!q[i].qp) die("ibv_create_qp: %s", std::strerror(errno));
     uint8_t* base = static_cast<uint8_t*>(mem) + i * per_qp;
     q[i].src = base;
@@ -420,14 +412,6 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
 
 // ---------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 struct Variant {
   const char* name;
   uint32_t qps, threads;
@@ -447,7 +431,7 @@ TEST_P(Stream, BothDirectionsEveryByteInOrder) {
   const std::string seed = "7";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   auto args = [&](const char* side) {
     return home.run_argv({exe, "--worker", side, "--qps", std::to_string(v.qps), "--threads",
                           std::to_string(v.threads), "--ms", std::to_string(ms), "--seed", seed});

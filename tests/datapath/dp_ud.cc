@@ -1852,14 +1852,6 @@ int run_worker(const std::string& role, const std::string& scenario) {
   DIE("unknown scenario %s", scenario.c_str());
 }
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 // ---------------------------------------------------------------------------
 // Process pairs
 
@@ -1874,7 +1866,7 @@ void run_pair(const std::string& scenario, const std::string& client_device) {
   }
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child server, client;
   ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--scenario", scenario}), {.fd3 = sv[0]}))
       << server.output();
@@ -1998,15 +1990,7 @@ class Local : public ::testing::Test {
   }
 
   ibv_qp* new_qp(ibv_qp_type t) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq_;
-    ia.recv_cq = cq_;
-    ia.qp_type = t;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 2;
-    ia.cap.max_recv_sge = 2;
-    ibv_qp* qp = ibv_create_qp(pd_, &ia);
+    ibv_qp* qp = harness::create_qp(pd_, cq_, t, 16, 16, 2);
     if (qp) qps_.push_back(qp);
     return qp;
   }

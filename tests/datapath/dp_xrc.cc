@@ -423,14 +423,6 @@ int run_initiator(const std::string& domain_file) {
 
 // ------------------------------------------------------------ gtest
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 class XrcLocal : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -608,7 +600,7 @@ TEST(XrcPair, TwoProcessesShareADomain) {
   const std::string file = home.path() + "/xrc-domain-pair";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   harness::Child target, initiator;
   bool started = target.start(home.run_argv({exe, "--worker", "target", file}), {.fd3 = sv[0]}) &&
                  initiator.start(home.run_argv({exe, "--worker", "initiator", file}), {.fd3 = sv[1]});

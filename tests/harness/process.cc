@@ -21,6 +21,14 @@ std::string getenv_str(const char* name) {
   return v ? v : "";
 }
 
+std::string self_exe() {
+  char b[4096];
+  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
+  if (n <= 0) return "";
+  b[n] = '\0';
+  return b;
+}
+
 std::string shell_unquote(const std::string& s) {
   std::string out;
   size_t i = 0;

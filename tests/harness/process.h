@@ -27,6 +27,10 @@ inline int ms_left(Clock::time_point deadline) {
   return d < 0 ? 0 : static_cast<int>(d);
 }
 
+// The path of this program (/proc/self/exe): test binaries run themselves
+// as the workers of their process pairs.
+std::string self_exe();
+
 // Undoes sh single quoting as `shmrdma env` writes it: 'a'\''b' -> a'b.
 std::string shell_unquote(const std::string& s);
 

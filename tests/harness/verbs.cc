@@ -36,6 +36,19 @@ uint16_t port_lid(ibv_context* ctx) {
   return pa.lid;
 }
 
+ibv_qp* create_qp(ibv_pd* pd, ibv_cq* cq, ibv_qp_type type, uint32_t max_send_wr, uint32_t max_recv_wr,
+                  uint32_t max_sge) {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = type;
+  ia.cap.max_send_wr = max_send_wr;
+  ia.cap.max_recv_wr = max_recv_wr;
+  ia.cap.max_send_sge = max_sge;
+  ia.cap.max_recv_sge = max_sge;
+  return ibv_create_qp(pd, &ia);
+}
+
 int qp_to_init(ibv_qp* qp, int access) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
@@ -79,6 +92,12 @@ int qp_to_err(ibv_qp* qp) {
   return ibv_modify_qp(qp, &a, IBV_QP_STATE);
 }
 
+int qp_to_reset(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
 int connect_qp(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, int access) {
   if (int rc = qp_to_init(qp, access)) return rc;
   if (int rc = qp_to_rtr(qp, dest_qpn, dlid)) return rc;
@@ -118,6 +137,13 @@ bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms) {
     if (Clock::now() >= deadline) return false;
     if (spins % 64 == 63) std::this_thread::yield();
   }
+}
+
+int poll_status(ibv_cq* cq, ibv_wc* out, int timeout_ms) {
+  ibv_wc wc{};
+  if (!poll_one(cq, &wc, timeout_ms)) return -1;
+  if (out) *out = wc;
+  return wc.status;
 }
 
 int poll_n(ibv_cq* cq, ibv_wc* wc, int n, int timeout_ms) {

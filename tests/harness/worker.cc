@@ -5,6 +5,9 @@
 #include <cstdarg>
 #include <cstdlib>
 
+#include "verbs.h"
+#include "wire.h"
+
 namespace harness {
 
 void die(const char* fmt, ...) {
@@ -28,6 +31,12 @@ uint8_t* map_buf(size_t len) {
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) die("mmap of %zu bytes failed", len);
   return static_cast<uint8_t*>(p);
+}
+
+Hello exchange_hello(ibv_context* ctx, ibv_qp* qp) {
+  Hello me{qp->qp_num, port_lid(ctx), 0}, peer{};
+  if (!write_all(kCtlFd, &me, sizeof me) || !read_all(kCtlFd, &peer, sizeof peer, 30000)) die("hello exchange");
+  return peer;
 }
 
 }  // namespace harness

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include <infiniband/verbs.h>
+
 namespace harness {
 
 [[noreturn]] void die(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -20,6 +22,17 @@ uint64_t fnv(const uint8_t* p, size_t n);
 
 // Private anonymous read-write memory of len bytes (dies on failure).
 uint8_t* map_buf(size_t len);
+
+// What the two workers of an RC pair tell each other over the control
+// channel (wire.h) to connect their QPs.
+struct Hello {
+  uint32_t qpn = 0;
+  uint16_t lid = 0;
+  uint16_t pad = 0;
+};
+
+// Sends this QP's Hello and returns the peer's (dies after 30 s).
+Hello exchange_hello(ibv_context* ctx, ibv_qp* qp);
 
 }  // namespace harness
 

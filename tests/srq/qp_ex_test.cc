@@ -66,15 +66,7 @@ class QpEx : public ::testing::Test {
     return q;
   }
   ibv_qp* make_qp(ibv_cq* cq) {
-    ibv_qp_init_attr a{};
-    a.send_cq = cq;
-    a.recv_cq = cq;
-    a.qp_type = IBV_QPT_RC;
-    a.cap.max_send_wr = 32;
-    a.cap.max_recv_wr = 16;
-    a.cap.max_send_sge = 2;
-    a.cap.max_recv_sge = 2;
-    ibv_qp* q = ibv_create_qp(pd_, &a);
+    ibv_qp* q = harness::create_qp(pd_, cq, IBV_QPT_RC, 32, 16, 2);
     if (q) qps_.push_back(q);
     return q;
   }
