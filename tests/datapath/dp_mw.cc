@@ -419,6 +419,7 @@ int run_owner() {
   // offsets from its start as remote addresses; type 1 windows cannot be
   // zero based (o10-36.2.2: ibv_bind_mw refuses it with EINVAL, as mlx5).
   {
+    CHECK(reconnect(o.qp, o.peer), "reconnect after the bad SEND_WITH_INV");
     o.fill();
     uint8_t* const wz = w2 + 512;
     constexpr size_t kWz = 2048;
