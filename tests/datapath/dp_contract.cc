@@ -1010,14 +1010,11 @@ int run_owner() {
 void run_pair(const char* only) {
   auto& home = harness::Home::get();
   ::setenv("DP_CONTRACT_ONLY", only, 1);
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = harness::self_exe();
   harness::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), {.fd3 = sv[0]}));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), {.fd3 = sv[1]}));
-  ::close(sv[0]);
-  ::close(sv[1]);
+  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner"}), peer,
+                                  home.run_argv({exe, "--worker", "peer"})))
+      << owner.output() << peer.output();
   auto deadline = harness::Clock::now() + std::chrono::seconds(60);
   harness::Result o = owner.wait(deadline);
   harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));

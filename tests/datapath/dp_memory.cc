@@ -469,14 +469,11 @@ TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
   if (std::string(GetParam()) == "fork-neighbor") GTEST_SKIP() << "not reproducible under a sanitizer's allocator";
 #endif
   auto& home = harness::Home::get();
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   std::string exe = harness::self_exe();
   harness::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), {.fd3 = sv[0]}));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()}), {.fd3 = sv[1]}));
-  ::close(sv[0]);
-  ::close(sv[1]);
+  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), peer,
+                                  home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()})))
+      << owner.output() << peer.output();
   auto deadline = harness::Clock::now() + std::chrono::seconds(60);
   harness::Result o = owner.wait(deadline);
   harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -257,6 +258,17 @@ bool start_on(Child& c, const std::string& device, const std::vector<std::string
   const bool ok = c.start(args, stdio);
   if (old.empty()) ::unsetenv("DP_DEVICE");
   else ::setenv("DP_DEVICE", old.c_str(), 1);
+  return ok;
+}
+
+bool start_pair(Child& a, const std::vector<std::string>& a_args, Child& b, const std::vector<std::string>& b_args,
+                const std::string& b_device) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return false;
+  const bool ok = a.start(a_args, {.fd3 = sv[0]}) &&
+                  (b_device.empty() ? b.start(b_args, {.fd3 = sv[1]}) : start_on(b, b_device, b_args, {.fd3 = sv[1]}));
+  ::close(sv[0]);
+  ::close(sv[1]);
   return ok;
 }
 

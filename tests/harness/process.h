@@ -120,6 +120,12 @@ class Child {
 // open_shm0 (verbs.h) in that child opens that device.
 bool start_on(Child& c, const std::string& device, const std::vector<std::string>& args, const Stdio& stdio = {});
 
+// Starts the two workers of a pair, each with one end of a new socketpair
+// as fd 3 (wire.h), `b` on `b_device` when it is not empty (start_on).
+// False when either could not start (the reason is in its output()).
+bool start_pair(Child& a, const std::vector<std::string>& a_args, Child& b, const std::vector<std::string>& b_args,
+                const std::string& b_device = "");
+
 // Runs a command to completion with stdin from /dev/null, stdout and stderr
 // apart; kills it at the timeout.
 Result run(const std::vector<std::string>& args, int timeout_ms = kDefaultTimeoutMs);
