@@ -130,9 +130,12 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
   const bool unbind = s->mw_length == 0;
   // The bind's access names the remote rights the window grants; local write
   // in it (applications pass the MR's flags) grants nothing remote and is
-  // ignored. Anything else is not a window right.
-  const uint32_t mw_access = s->mw_access & ~kAccessLocalWrite;
-  if (mw_access & ~kMwAccess) return IBV_WC_MW_BIND_ERR;  // zero-based windows are not supported
+  // ignored. ZERO_BASED makes the window's remote addresses offsets from its
+  // start (type 2 only: o10-36.2.2). Anything else is not a window right.
+  const bool zero_based = s->mw_access & kAccessZeroBased;
+  const uint32_t mw_access = s->mw_access & ~(kAccessLocalWrite | kAccessZeroBased);
+  if (mw_access & ~kMwAccess) return IBV_WC_MW_BIND_ERR;
+  if (zero_based && !type2) return IBV_WC_MW_BIND_ERR;  // o10-36.2.2
   if (type2) {
     if (valid) return IBV_WC_MW_BIND_ERR;          // o10-37.2.30: invalidate first
     if (qp->pd != w.pd) return IBV_WC_MW_BIND_ERR;  // C10-72
@@ -157,7 +160,9 @@ uint32_t LocalContext::execute_bind(Qp* qp, const SendSlot* s) noexcept {
       const auto* me = table<layout::MrEntry>(layout_.mr_table) + s->mw_mr;
       e->pd_index = w.pd;
       e->access = mw_access;
-      e->iova = s->mw_addr;
+      // Peers resolve host_addr + (remote address - iova) (transport.cc
+      // resolve_remote): a zero-based window starts at remote address 0.
+      e->iova = zero_based ? 0 : s->mw_addr;
       e->length = s->mw_length;
       e->host_addr = m->addr + (s->mw_addr - m->iova);
       e->tier = me->tier;

@@ -23,12 +23,12 @@
 #include <thread>
 #include <vector>
 
-#include "harness.h"
+#include "process.h"
 
 namespace {
 
-using itest::Child;
-using itest::Result;
+using harness::Child;
+using harness::Result;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -46,7 +46,7 @@ std::string slurp(const std::string& path) {
 
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
-bool have(const std::string& prog) { return itest::run({"sh", "-c", "command -v " + prog}).ok(); }
+bool have(const std::string& prog) { return harness::run({"sh", "-c", "command -v " + prog}).ok(); }
 
 // Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
 // the handler execs a shell that removes what the test made.
@@ -61,7 +61,7 @@ class Cm : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
-    if (!itest::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
+    if (!harness::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
     bin_ = env("SHMRDMA_BIN");
     probe_ = env("CM_PROBE_BIN");
     ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and CM_PROBE_BIN";
@@ -126,15 +126,15 @@ class Cm : public ::testing::Test {
     if (HasFailure())
       for (const auto& e : fs::directory_iterator(home_ + "/daemon"))
         if (e.path().extension() == ".log") std::printf("--- %s\n%s", e.path().c_str(), slurp(e.path()).c_str());
-    itest::run({"ip", "netns", "del", ns_a_});
-    itest::run({"ip", "netns", "del", ns_b_});
+    harness::run({"ip", "netns", "del", ns_a_});
+    harness::run({"ip", "netns", "del", ns_b_});
     std::error_code ec;
     fs::remove_all(home_, ec);
   }
 
   void ip(std::vector<std::string> args) {
     args.insert(args.begin(), "ip");
-    Result r = itest::run(args);
+    Result r = harness::run(args);
     ASSERT_TRUE(r.ok()) << r.describe();
   }
   std::vector<std::string> cmd(const std::string& ns, std::vector<std::string> args) {
@@ -142,7 +142,7 @@ class Cm : public ::testing::Test {
     return args;
   }
   Result shm(const std::string& ns, std::vector<std::string> args, int timeout_ms = 30000) {
-    return itest::run(cmd(ns, std::move(args)), timeout_ms);
+    return harness::run(cmd(ns, std::move(args)), timeout_ms);
   }
   // `shmrdma run -- PROGRAM...` inside namespace ns.
   std::vector<std::string> app(const std::string& ns, std::vector<std::string> args) {
@@ -159,20 +159,19 @@ class Cm : public ::testing::Test {
   std::pair<Result, Result> pair(const std::string& ns_s, std::vector<std::string> server, const std::string& ns_c,
                                  std::vector<std::string> client, int timeout_ms = 60000, bool forever = false) {
     Child s;
-    std::string why;
-    EXPECT_TRUE(s.start(app(ns_s, server), &why)) << why;
+    EXPECT_TRUE(s.start(app(ns_s, server), harness::kDialog)) << "cannot start";
     // The server is listening once its daemon has its id; stock servers print
     // nothing first, so give them a moment (the client would get REJECTED,
     // and the test say so, if it were not enough).
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
     Child cl;
-    EXPECT_TRUE(cl.start(app(ns_c, client), &why)) << why;
+    EXPECT_TRUE(cl.start(app(ns_c, client), harness::kDialog)) << "cannot start";
     // Drain both outputs while they run (a pipe may hold a single page).
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     bool s_eof = false, c_eof = false;
     while ((!s_eof || !c_eof) && Clock::now() < deadline) {
       if (forever && c_eof) {
-        s.kill_and_reap(SIGTERM);
+        s.kill(SIGTERM);
         break;
       }
       if (!c_eof) cl.read_line(20, &c_eof);
@@ -299,7 +298,7 @@ TEST_F(CmStock, LibfabricVerbsProvider) {
 }
 
 TEST_F(CmProbe, BadInputOptionsAndReadiness) {
-  Result r = itest::run(app(ns_a_, {probe_, "errors", a_}), 30000);
+  Result r = harness::run(app(ns_a_, {probe_, "errors", a_}), 30000);
   EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_TRUE(contains(r.out, "ERRORS-OK")) << r.out;
 }
@@ -325,17 +324,17 @@ TEST_F(CmProbe, RejectCarriesItsPrivateData) {
 }
 
 TEST_F(CmProbe, NoListenerIsRefusedAndNobodysAddressFails) {
-  Result r = itest::run(app(ns_b_, {probe_, "client", a_, port(), "RDMA_CM_EVENT_REJECTED"}), 20000);
+  Result r = harness::run(app(ns_b_, {probe_, "client", a_, port(), "RDMA_CM_EVENT_REJECTED"}), 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_TRUE(contains(r.out, "EVENT RDMA_CM_EVENT_REJECTED 8 ")) << r.out;  // invalid service id
-  r = itest::run(app(ns_b_, {probe_, "client", net_ + "9", port(), "RDMA_CM_EVENT_ADDR_ERROR"}), 20000);
+  r = harness::run(app(ns_b_, {probe_, "client", net_ + "9", port(), "RDMA_CM_EVENT_ADDR_ERROR"}), 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 TEST_F(CmProbe, NoDaemonNoChannel) {
   // The host's own namespace has no RoCE device of this home, so no daemon:
   // rdma_create_event_channel fails with ENOENT, as without a kernel.
-  Result r = itest::run({bin_, "--home", home_, "run", "--", probe_, "nochannel"}, 20000);
+  Result r = harness::run({bin_, "--home", home_, "run", "--", probe_, "nochannel"}, 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 
@@ -344,15 +343,14 @@ TEST_F(CmProbe, NoDaemonNoChannel) {
 class CmFaults : public Cm {
  protected:
   void start_pair(const std::string& mode, const std::string& expected, Child* s, Child* c) {
-    std::string why;
     const std::string p = port();
-    ASSERT_TRUE(s->start(app(ns_a_, {probe_, "server", a_, p, mode}), &why)) << why;
-    ASSERT_TRUE(s->wait_for("LISTENING", 10000)) << s->stderr_text();
-    ASSERT_TRUE(c->start(app(ns_b_, {probe_, "client", a_, p, expected}), &why)) << why;
+    ASSERT_TRUE(s->start(app(ns_a_, {probe_, "server", a_, p, mode}), harness::kDialog)) << "cannot start";
+    ASSERT_TRUE(s->wait_line("LISTENING", 10000)) << s->errors();
+    ASSERT_TRUE(c->start(app(ns_b_, {probe_, "client", a_, p, expected}), harness::kDialog)) << "cannot start";
   }
   static long ms_until(Child* ch, const std::string& prefix, int timeout_ms) {
     const auto t0 = Clock::now();
-    if (!ch->wait_for(prefix, timeout_ms)) return -1;
+    if (!ch->wait_line(prefix, timeout_ms)) return -1;
     return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
   }
 };
@@ -360,10 +358,10 @@ class CmFaults : public Cm {
 TEST_F(CmFaults, ListenerKilledBeforeAcceptRejects) {
   Child s, c;
   start_pair("hold", "RDMA_CM_EVENT_REJECTED", &s, &c);
-  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
-  s.kill_and_reap();
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000)) << s.output() << s.errors();
+  s.kill();
   const long ms = ms_until(&c, "GOT RDMA_CM_EVENT_REJECTED", 2000);
-  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << c.output_so_far() << c.stderr_text();
+  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << c.output() << c.errors();
 }
 
 TEST_F(CmFaults, ClientKilledBeforeTheAcceptFailsIt) {
@@ -371,11 +369,11 @@ TEST_F(CmFaults, ClientKilledBeforeTheAcceptFailsIt) {
   // the passive side learns when it accepts.
   Child s, c;
   start_pair("wait", "NEVER", &s, &c);
-  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
-  c.kill_and_reap();
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000)) << s.output() << s.errors();
+  c.kill();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   s.write_line("go");
-  EXPECT_TRUE(s.wait_for("ACCEPT-FAILED", 2000)) << s.output_so_far() << s.stderr_text();
+  EXPECT_TRUE(s.wait_line("ACCEPT-FAILED", 2000)) << s.output() << s.errors();
 }
 
 TEST_F(CmFaults, ClientKilledAfterTheAcceptRejects) {
@@ -383,32 +381,32 @@ TEST_F(CmFaults, ClientKilledAfterTheAcceptRejects) {
   // passive side gets REJECTED within 2 s.
   Child s, c;
   start_pair("wait", "NEVER", &s, &c);
-  ASSERT_TRUE(s.wait_for("REQUEST", 10000)) << s.output_so_far() << s.stderr_text();
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000)) << s.output() << s.errors();
   ::kill(c.pid(), SIGSTOP);  // it will not answer the REP
   s.write_line("go");
-  ASSERT_TRUE(s.wait_for("ACCEPTED", 5000)) << s.output_so_far() << s.stderr_text();
-  c.kill_and_reap();
+  ASSERT_TRUE(s.wait_line("ACCEPTED", 5000)) << s.output() << s.errors();
+  c.kill();
   const long ms = ms_until(&s, "EVENT RDMA_CM_EVENT_REJECTED", 2000);
-  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << s.output_so_far() << s.stderr_text();
+  EXPECT_GE(ms, 0) << "no REJECTED within 2 s:\n" << s.output() << s.errors();
 }
 
 TEST_F(CmFaults, PeerKilledWhileConnectedDisconnects) {
   Child s, c;
   start_pair("accept", "RDMA_CM_EVENT_DISCONNECTED", &s, &c);
-  ASSERT_TRUE(c.wait_for("ECHO-OK", 10000)) << c.output_so_far() << c.stderr_text();
-  s.kill_and_reap();
+  ASSERT_TRUE(c.wait_line("ECHO-OK", 10000)) << c.output() << c.errors();
+  s.kill();
   const long ms = ms_until(&c, "GOT RDMA_CM_EVENT_DISCONNECTED", 2000);
-  EXPECT_GE(ms, 0) << "no DISCONNECTED within 2 s:\n" << c.output_so_far() << c.stderr_text();
+  EXPECT_GE(ms, 0) << "no DISCONNECTED within 2 s:\n" << c.output() << c.errors();
 }
 
 TEST_F(CmFaults, ListenerGoneMeansRefused) {
   // A listener that existed and died: new connects are refused, not ignored.
   Child s, c;
   start_pair("hold", "RDMA_CM_EVENT_REJECTED", &s, &c);
-  ASSERT_TRUE(s.wait_for("REQUEST", 10000));
-  s.kill_and_reap();
-  ASSERT_GE(ms_until(&c, "GOT RDMA_CM_EVENT_REJECTED", 2000), 0) << c.output_so_far();
-  Result r = itest::run(app(ns_b_, {probe_, "client", a_, "1", "RDMA_CM_EVENT_REJECTED"}), 20000);
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000));
+  s.kill();
+  ASSERT_GE(ms_until(&c, "GOT RDMA_CM_EVENT_REJECTED", 2000), 0) << c.output();
+  Result r = harness::run(app(ns_b_, {probe_, "client", a_, "1", "RDMA_CM_EVENT_REJECTED"}), 20000);
   EXPECT_TRUE(r.ok() && contains(r.out, "REJECTED 8 ")) << r.describe();
 }
 
@@ -418,21 +416,20 @@ TEST_F(CmFaults, DaemonKilledKeepsEstablishedQps) {
   need({"rping"});
   const std::string p = port();
   Child s;
-  std::string why;
-  ASSERT_TRUE(s.start(app(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "3000", "-V"}), &why)) << why;
+  ASSERT_TRUE(s.start(app(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "3000", "-V"}), harness::kDialog)) << "cannot start";
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   Child c;
-  ASSERT_TRUE(c.start(app(ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "3000", "-V", "-v"}), &why)) << why;
-  ASSERT_TRUE(c.wait_for("ping data: rdma-ping-10:", 10000)) << c.output_so_far() << c.stderr_text();
+  ASSERT_TRUE(c.start(app(ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "3000", "-V", "-v"}), harness::kDialog)) << "cannot start";
+  ASSERT_TRUE(c.wait_line("ping data: rdma-ping-10:", 10000)) << c.output() << c.errors();
   int killed = 0;
   for (const auto& e : fs::directory_iterator(home_ + "/daemon")) {
     if (e.path().extension() != ".pid") continue;
     const pid_t pid = static_cast<pid_t>(std::atol(slurp(e.path()).c_str()));
-    Result which = itest::run({"ip", "netns", "identify", std::to_string(pid)});
+    Result which = harness::run({"ip", "netns", "identify", std::to_string(pid)});
     if (pid > 1 && contains(which.out, ns_b_) && ::kill(pid, SIGKILL) == 0) ++killed;
   }
   ASSERT_EQ(killed, 1);
-  EXPECT_TRUE(c.wait_for("ping data: rdma-ping-2999:", 30000)) << c.output_so_far() << c.stderr_text();
+  EXPECT_TRUE(c.wait_line("ping data: rdma-ping-2999:", 30000)) << c.output() << c.errors();
 }
 
 }  // namespace

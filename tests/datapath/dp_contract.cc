@@ -29,85 +29,28 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
+using harness::Hello;
+using harness::poll_status;
+using harness::fnv;
+using harness::map_buf;
 
 constexpr size_t kLen = 64 << 10;
 constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC;
-int g_failures = 0;
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
-
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      ++g_failures;                                       \
-      std::printf("FAIL line %d: %s: ", __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                           \
-      std::printf("\n");                                  \
-    }                                                     \
-  } while (0)
-
-uint64_t fnv(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-uint8_t* map_buf(size_t len) {
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) die("mmap");
-  return static_cast<uint8_t*>(p);
-}
-
-struct Hello {
-  uint32_t qpn = 0;
-  uint16_t lid = 0;
-  uint16_t pad = 0;
-};
-
-Hello exchange(ibv_context* ctx, ibv_qp* qp) {
-  Hello me{qp->qp_num, dp::port_lid(ctx), 0}, peer{};
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me) || !dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000))
-    die("hello exchange");
-  return peer;
-}
 
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
-  return dp::qp_to_init(qp, kQpAccess) == 0 && dp::qp_to_rtr(qp, peer.qpn, peer.lid) == 0 && dp::qp_to_rts(qp) == 0;
+  return harness::connect_qp(qp, peer.qpn, peer.lid, kQpAccess) == 0;
 }
 
-bool reconnect(ibv_qp* qp, const Hello& peer) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RESET;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0 && connect_qp(qp, peer);
-}
-
-bool to_err(ibv_qp* qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0;
-}
-
-int poll_status(ibv_cq* cq, ibv_wc* out = nullptr) {
-  ibv_wc wc{};
-  if (!dp::poll_one(cq, &wc)) return -1;
-  if (out) *out = wc;
-  return wc.status;
-}
+bool reconnect(ibv_qp* qp, const Hello& peer) { return harness::qp_to_reset(qp) == 0 && connect_qp(qp, peer); }
 
 int post_recv(ibv_qp* qp, uint8_t* p, uint32_t len, uint32_t lkey, uint64_t wr_id) {
   ibv_sge s{reinterpret_cast<uintptr_t>(p), len, lkey};
@@ -137,7 +80,7 @@ int drain_flushes(ibv_cq* cq, bool* all_flush) {
   int n = 0;
   *all_flush = true;
   ibv_wc wc{};
-  while (dp::poll_one(cq, &wc, 100)) {
+  while (harness::poll_one(cq, &wc, 100)) {
     ++n;
     if (wc.status != IBV_WC_WR_FLUSH_ERR) *all_flush = false;
   }
@@ -148,27 +91,19 @@ int drain_flushes(ibv_cq* cq, bool* all_flush) {
 
 int run_peer() {
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
+  ibv_context* ctx = harness::open_shm0(&why);
   if (!ctx) die("%s", why.c_str());
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("pd/cq");
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq;
-  ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = 8;
-  ia.cap.max_recv_wr = 8;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 8, 8);
   if (!qp) die("ibv_create_qp");
   uint8_t* buf = map_buf(kLen);
   ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
   if (!mr) die("ibv_reg_mr");
-  Hello owner = exchange(ctx, qp);
+  Hello owner = harness::exchange_hello(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   for (;;) {
     if (ctl.poll_line(&line, 60000) != 1) die("no command");
@@ -178,7 +113,7 @@ int run_peer() {
     if (cmd == "quit") break;
     char reply[128];
     if (cmd == "err") {
-      if (!to_err(qp)) die("peer to ERR");
+      if (harness::qp_to_err(qp) != 0) die("peer to ERR");
       bool all_flush = false;
       int n = drain_flushes(cq, &all_flush);
       std::snprintf(reply, sizeof reply, "%d %d", n, all_flush ? 1 : 0);
@@ -277,7 +212,7 @@ struct Owner {
   ibv_cq* cq = nullptr;
   ibv_qp* qp = nullptr;
   Hello peer;
-  dp::LineReader ctl{dp::kCtlFd};
+  harness::LineReader ctl{harness::kCtlFd};
 
   int cmd(const std::string& c, uint64_t* hash = nullptr) {
     if (!ctl.send_line(c)) die("send %s", c.c_str());
@@ -481,7 +416,7 @@ void reuse(Owner& o) {
       // Both QPs moved to ERR with a receive outstanding (flushed); the
       // owner comes back first.
       CHECK(post_recv(o.qp, buf, 4096, mr->lkey, 100 + round) == 0, "post_recv");
-      CHECK(to_err(o.qp), "owner to ERR");
+      CHECK(harness::qp_to_err(o.qp) == 0, "owner to ERR");
       bool all_flush = false;
       CHECK(drain_flushes(o.cq, &all_flush) == 1 && all_flush, "owner's receive flushed");
       CHECK(o.cmd("err") == 0, "peer flushes");
@@ -495,8 +430,8 @@ void reuse(Owner& o) {
       CHECK(st == IBV_WC_REM_INV_REQ_ERR, "SEND longer than the receive: %d", st);
       ibv_wc wc{};
       CHECK(poll_status(o.cq, &wc) == IBV_WC_LOC_LEN_ERR && wc.wr_id == uint64_t(100 + round), "owner's receive: %s",
-            dp::wc_str(wc).c_str());
-      CHECK(dp::qp_state(o.qp) == IBV_QPS_ERR, "owner in %s", dp::qp_state_name(dp::qp_state(o.qp)));
+            harness::wc_str(wc).c_str());
+      CHECK(harness::qp_state(o.qp) == IBV_QPS_ERR, "owner in %s", harness::qp_state_name(harness::qp_state(o.qp)));
       bool all_flush = false;
       drain_flushes(o.cq, &all_flush);
       CHECK(all_flush, "only flushes after the error");
@@ -506,7 +441,7 @@ void reuse(Owner& o) {
       // owner is still in ERR (it waits like a transport retry).
       // A SEND of the peer already waits for the owner when both enter ERR
       // (it is flushed); a QP after RESET must not inherit that wait.
-      CHECK(to_err(o.qp), "owner to ERR");
+      CHECK(harness::qp_to_err(o.qp) == 0, "owner to ERR");
       CHECK(o.cmd("sendasync 100 0") == 0, "peer posts a SEND to a QP in ERR");
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       {
@@ -523,7 +458,7 @@ void reuse(Owner& o) {
       CHECK(o.cmd("wait") == IBV_WC_SUCCESS, "the SEND posted before the owner came back (round %d)", round);
       sent_early = true;
     }
-    CHECK(dp::qp_state(o.qp) == IBV_QPS_RTS, "owner in %s", dp::qp_state_name(dp::qp_state(o.qp)));
+    CHECK(harness::qp_state(o.qp) == IBV_QPS_RTS, "owner in %s", harness::qp_state_name(harness::qp_state(o.qp)));
     // Traffic in both directions like a new pair.
     if (!sent_early) {
       std::memset(buf, 0, 8192);
@@ -534,7 +469,7 @@ void reuse(Owner& o) {
     {
       ibv_wc wc{};
       CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.wr_id == uint64_t(200 + round) && wc.byte_len == 3000,
-            "owner's receive after reuse: %s", dp::wc_str(wc).c_str());
+            "owner's receive after reuse: %s", harness::wc_str(wc).c_str());
       bool ok = true;
       for (size_t i = 0; i < 3000; ++i) ok = ok && buf[i] == static_cast<uint8_t>(round * 10 + i);
       CHECK(ok, "SEND payload after reuse");
@@ -551,7 +486,7 @@ void reuse(Owner& o) {
     {
       ibv_wc wc{};
       CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.wr_id == uint64_t(300 + round),
-            "owner SEND after reuse: %s", dp::wc_str(wc).c_str());
+            "owner SEND after reuse: %s", harness::wc_str(wc).c_str());
     }
     if (o.ctl.poll_line(&r, 30000) != 1) die("no recv reply");
     int st = -1;
@@ -626,7 +561,7 @@ void timestamps(Owner& o) {
   // The peer's QP is connected to o.qp: this one replaces it on our side.
   ibv_qp* old = o.qp;
   ibv_cq* old_cq = o.cq;
-  CHECK(to_err(old), "old QP to ERR");
+  CHECK(harness::qp_to_err(old) == 0, "old QP to ERR");
   o.qp = qp;
   o.cq = ibv_cq_ex_to_cq(cq);
   if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
@@ -782,7 +717,7 @@ void device_memory(Owner& o) {
   {
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 1000, "receive into DM: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
     CHECK(ibv_memcpy_from_dm(back.data(), dm, kOff + 8000, 1000) == 0, "memcpy_from_dm");
     bool ok = true;
     for (size_t i = 0; i < 1000; ++i) ok = ok && back[i] == static_cast<uint8_t>(5 + i);
@@ -878,7 +813,7 @@ void on_demand(Owner& o) {
   {
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 700, "receive into ODP: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
     bool ok = true;
     for (size_t i = 0; i < 700; ++i) ok = ok && hole[16384 + i] == static_cast<uint8_t>(3 + i);
     CHECK(ok, "the SEND's bytes in ODP memory");
@@ -978,7 +913,7 @@ void parent_domains(Owner& o) {
   ibv_mr* bmr = ibv_reg_mr(base, buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr || !bmr) die("reg_mr");
   ibv_qp* old = o.qp;
-  CHECK(to_err(old), "old QP to ERR");
+  CHECK(harness::qp_to_err(old) == 0, "old QP to ERR");
   if (!o.ctl.send_line("newqp " + std::to_string(qp->qp_num))) die("newqp");
   {
     std::string r;
@@ -994,7 +929,7 @@ void parent_domains(Owner& o) {
   {
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.byte_len == 2000 && wc.wr_id == 900, "receive: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
     bool ok = true;
     for (size_t i = 0; i < 2000; ++i) ok = ok && buf[i] == static_cast<uint8_t>(9 + i);
     CHECK(ok, "SEND payload");
@@ -1004,7 +939,7 @@ void parent_domains(Owner& o) {
   CHECK(o.write(bmr->rkey, buf + 9000, 300, 0x45) == IBV_WC_SUCCESS && all_are(buf + 9000, 300, 0x45),
         "peer WRITE through an MR of its PD (the same PD)");
   // Back to the original QP for the rest of the run.
-  CHECK(to_err(qp), "parent QP to ERR");
+  CHECK(harness::qp_to_err(qp) == 0, "parent QP to ERR");
   o.qp = old;
   o.cq = ocq;
   if (!o.ctl.send_line("newqp " + std::to_string(old->qp_num))) die("newqp");
@@ -1037,7 +972,7 @@ void parent_domains(Owner& o) {
 int run_owner() {
   Owner o;
   std::string why;
-  o.ctx = dp::open_shm0(&why);
+  o.ctx = harness::open_shm0(&why);
   if (!o.ctx) die("%s", why.c_str());
   o.pd = ibv_alloc_pd(o.ctx);
   o.pd2 = ibv_alloc_pd(o.ctx);
@@ -1053,7 +988,7 @@ int run_owner() {
   ia.cap.max_recv_sge = 1;
   o.qp = ibv_create_qp(o.pd, &ia);
   if (!o.qp) die("create_qp");
-  o.peer = exchange(o.ctx, o.qp);
+  o.peer = harness::exchange_hello(o.ctx, o.qp);
   if (!connect_qp(o.qp, o.peer)) die("connect");
   const char* only = std::getenv("DP_CONTRACT_ONLY");
   std::string sel = only ? only : "";
@@ -1068,32 +1003,21 @@ int run_owner() {
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_dealloc_pd(o.pd2) == 0, "dealloc_pd");
   CHECK(ibv_close_device(o.ctx) == 0, "close");
-  std::printf("OWNER done: %d failure(s)\n", g_failures);
-  return g_failures ? 1 : 0;
-}
-
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
+  std::printf("OWNER done: %d failure(s)\n", harness::check_failures);
+  return harness::check_failures ? 1 : 0;
 }
 
 void run_pair(const char* only) {
-  auto& home = dp::Home::get();
+  auto& home = harness::Home::get();
   ::setenv("DP_CONTRACT_ONLY", only, 1);
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), sv[0]));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), sv[1]));
-  ::close(sv[0]);
-  ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(60);
-  dp::RunResult o = owner.wait(deadline);
-  dp::RunResult p = peer.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(10)));
+  std::string exe = harness::self_exe();
+  harness::Child owner, peer;
+  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner"}), peer,
+                                  home.run_argv({exe, "--worker", "peer"})))
+      << owner.output() << peer.output();
+  auto deadline = harness::Clock::now() + std::chrono::seconds(60);
+  harness::Result o = owner.wait(deadline);
+  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
   std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
   EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
   EXPECT_NE(o.out.find("OWNER done: 0 failure(s)"), std::string::npos) << o.out;
@@ -1103,53 +1027,48 @@ void run_pair(const char* only) {
 }
 
 TEST(Contract, WindowBindsGrantRemoteWriteOverLocalWriteMr) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("windows");
 }
 
 TEST(Contract, ReregSeenByThePeersNextOperation) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("rereg");
 }
 
 TEST(Contract, QpPairReusedAfterErr) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("reuse");
 }
 
 TEST(Contract, DeviceMemory) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("dm");
 }
 
 TEST(Contract, OnDemandPaging) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("odp");
 }
 
 TEST(Contract, ParentDomains) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("parent");
 }
 
 TEST(Contract, CompletionTimestamps) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("timestamps");
 }
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return std::string(argv[2]) == "owner" ? run_owner() : run_peer();
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

@@ -37,31 +37,19 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
 
 constexpr uint32_t kQkey = 0x1234567;
 constexpr size_t kBuf = 1u << 20;
 constexpr uint32_t kRecvSlot = 16384;
 constexpr uint32_t kRcRecvs = 15, kUdRecvs = 3;
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
-#define REQUIRE(c, ...) \
-  do {                  \
-    if (!(c)) die(__VA_ARGS__); \
-  } while (0)
 
 struct Hello {
   uint32_t rc = 0, rc2 = 0, ud = 0;
@@ -142,18 +130,9 @@ struct Objects {
     mr = ibv_reg_mr(pd, buf.data(), buf.size(),
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     REQUIRE(mr, "reg_mr: %s", std::strerror(errno));
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 32;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    rc = ibv_create_qp(pd, &ia);
-    rc2 = ibv_create_qp(pd, &ia);
-    ia.qp_type = IBV_QPT_UD;
-    ud = ibv_create_qp(pd, &ia);
+    rc = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
+    rc2 = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
+    ud = harness::create_qp(pd, cq, IBV_QPT_UD, 64, 32);
     REQUIRE(rc && rc2 && ud, "create_qp: %s", std::strerror(errno));
   }
   void destroy_qps() {
@@ -177,29 +156,29 @@ struct Objects {
   }
   ibv_wc poll() {
     ibv_wc wc{};
-    REQUIRE(dp::poll_one(cq, &wc, 10000), "no completion within 10 s");
+    REQUIRE(harness::poll_one(cq, &wc, 10000), "no completion within 10 s");
     return wc;
   }
 };
 
-void send_line(dp::LineReader& ctl, const std::string& s) { REQUIRE(ctl.send_line(s), "control channel: write"); }
-std::string read_line(dp::LineReader& ctl, int ms = 30000) {
+void send_line(harness::LineReader& ctl, const std::string& s) { REQUIRE(ctl.send_line(s), "control channel: write"); }
+std::string read_line(harness::LineReader& ctl, int ms = 30000) {
   std::string l;
   REQUIRE(ctl.poll_line(&l, ms) == 1, "control channel: no line within %d ms", ms);
   return l;
 }
 
 bool wait_file(const std::string& path, int ms) {
-  auto deadline = dp::Clock::now() + dp::Ms(ms);
-  while (dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + harness::Ms(ms);
+  while (harness::Clock::now() < deadline) {
     if (std::filesystem::exists(path)) return true;
-    std::this_thread::sleep_for(dp::Ms(10));
+    std::this_thread::sleep_for(harness::Ms(10));
   }
   return false;
 }
 
 int server(const std::string& dev, uint32_t port) {
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   Objects o;
   o.open(dev);
   ibv_port_attr pa{};
@@ -211,9 +190,9 @@ int server(const std::string& dev, uint32_t port) {
   h.lid = pa.lid;
   h.rkey = o.mr->rkey;
   h.addr = reinterpret_cast<uint64_t>(o.buf.data());
-  REQUIRE(dp::write_all(dp::kCtlFd, &h, sizeof h), "hello");
+  REQUIRE(harness::write_all(harness::kCtlFd, &h, sizeof h), "hello");
   Hello c;
-  REQUIRE(dp::read_all(dp::kCtlFd, &c, sizeof c, 30000), "client hello");
+  REQUIRE(harness::read_all(harness::kCtlFd, &c, sizeof c, 30000), "client hello");
   to_rts(o.rc, port, c.rc, c.lid, 7);
   to_rts(o.rc2, port, c.rc2, c.lid, 7);
   ud_to_rts(o.ud, port);
@@ -224,12 +203,12 @@ int server(const std::string& dev, uint32_t port) {
   uint32_t rc_got = 0, ud_got = 0;
   while (rc_got + ud_got < kRcRecvs + kUdRecvs) {
     ibv_wc wc = o.poll();
-    REQUIRE(wc.status == IBV_WC_SUCCESS, "server completion %s", dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_SUCCESS, "server completion %s", harness::wc_str(wc).c_str());
     (wc.wr_id >= 100 ? ud_got : rc_got) += 1;
   }
   REQUIRE(rc_got == kRcRecvs && ud_got == kUdRecvs, "server got %u RC, %u UD receives", rc_got, ud_got);
   ibv_wc extra{};
-  REQUIRE(ibv_poll_cq(o.cq, 1, &extra) == 0, "unexpected completion %s", dp::wc_str(extra).c_str());
+  REQUIRE(ibv_poll_cq(o.cq, 1, &extra) == 0, "unexpected completion %s", harness::wc_str(extra).c_str());
   {
     // The server's own traffic (its process holds counts too): one WRITE.
     ibv_sge sg = o.sge(0, 3000);
@@ -243,7 +222,7 @@ int server(const std::string& dev, uint32_t port) {
     wr.wr.rdma.rkey = c.rkey;
     REQUIRE(!ibv_post_send(o.rc, &wr, &bad), "server post_send: %s", std::strerror(errno));
     ibv_wc wc = o.poll();
-    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7, "server WRITE: %s", dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7, "server WRITE: %s", harness::wc_str(wc).c_str());
   }
   send_line(ctl, "recvd");
   REQUIRE(read_line(ctl, 60000) == "destroy", "expected 'destroy'");
@@ -254,13 +233,13 @@ int server(const std::string& dev, uint32_t port) {
 }
 
 int client(const std::string& dev, uint32_t port, const std::string& dir) {
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   Objects o;
   o.open(dev);
   ibv_port_attr pa{};
   REQUIRE(!ibv_query_port(o.ctx, static_cast<uint8_t>(port), &pa), "query_port");
   Hello s;
-  REQUIRE(dp::read_all(dp::kCtlFd, &s, sizeof s, 30000), "server hello");
+  REQUIRE(harness::read_all(harness::kCtlFd, &s, sizeof s, 30000), "server hello");
   Hello h;
   h.rc = o.rc->qp_num;
   h.rc2 = o.rc2->qp_num;
@@ -268,7 +247,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   h.lid = pa.lid;
   h.rkey = o.mr->rkey;
   h.addr = reinterpret_cast<uint64_t>(o.buf.data());
-  REQUIRE(dp::write_all(dp::kCtlFd, &h, sizeof h), "hello");
+  REQUIRE(harness::write_all(harness::kCtlFd, &h, sizeof h), "hello");
   to_rts(o.rc, port, s.rc, s.lid, 7);
   to_rts(o.rc2, port, s.rc2, s.lid, 0);  // no RNR retries
   ud_to_rts(o.ud, port);
@@ -287,7 +266,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
     wr.wr.rdma.rkey = s.rkey;
     REQUIRE(!ibv_post_send(qp, &wr, &bad), "post_send op %d: %s", op, std::strerror(errno));
     ibv_wc wc = o.poll();
-    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "op %d len %u: %s", op, len, dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "op %d len %u: %s", op, len, harness::wc_str(wc).c_str());
   };
   for (int i = 0; i < 10; ++i) post(o.rc, IBV_WR_SEND, 100, 0);
   for (int i = 0; i < 5; ++i) post(o.rc, IBV_WR_SEND, 10000, 0);
@@ -313,7 +292,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
     wr.wr.ud.remote_qkey = i == 5 ? kQkey + 1 : kQkey;  // the last one: wrong Q_Key
     REQUIRE(!ibv_post_send(o.ud, &wr, &bad), "UD post_send: %s", std::strerror(errno));
     ibv_wc wc = o.poll();
-    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "UD send %d: %s", i, dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "UD send %d: %s", i, harness::wc_str(wc).c_str());
   }
   // No receive on the server's second QP, no RNR retry.
   {
@@ -326,7 +305,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
     wr.send_flags = IBV_SEND_SIGNALED;
     REQUIRE(!ibv_post_send(o.rc2, &wr, &bad), "post_send rc2: %s", std::strerror(errno));
     ibv_wc wc = o.poll();
-    REQUIRE(wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "RNR send: %s", dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "RNR send: %s", harness::wc_str(wc).c_str());
   }
   send_line(ctl, "sent");
   REQUIRE(read_line(ctl) == "recvd", "expected 'recvd'");
@@ -343,21 +322,13 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   return 0;
 }
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 // ------------------------------------------------------------------ checks
 
 using Counts = std::map<std::string, uint64_t>;  // "counters/x" and "hw_counters/y"
 
 // The counters of (dev, port) in `shmrdma status --json`.
 bool status_counts(const std::string& dev, uint32_t port, Counts* out) {
-  nlohmann::json st = dp::Home::get().status();
+  nlohmann::json st = harness::Home::get().status();
   if (!st.is_object()) return false;
   for (const auto& d : st["devices"]) {
     if (d.value("name", "") != dev) continue;
@@ -379,7 +350,7 @@ bool status_counts(const std::string& dev, uint32_t port, Counts* out) {
 
 // The sysfs files (refreshed by the status call just before) agree with it.
 void check_sysfs(const std::string& dev, uint32_t port, const Counts& c) {
-  std::string base = dp::getenv_str("SYSFS_PATH") + "/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/";
+  std::string base = harness::getenv_str("SYSFS_PATH") + "/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/";
   for (const auto& [k, v] : c) {
     std::ifstream f(base + k);
     uint64_t got = 0;
@@ -429,7 +400,7 @@ void expect_unchanged(const Counts& before, const Counts& now, const std::string
 // client_exits: the client closes its device and exits, then the server is
 // SIGKILLed; otherwise both are SIGKILLed (client first).
 void run_pair(const std::string& dev, uint32_t port, uint32_t nports, bool client_exits) {
-  auto& home = dp::Home::get();
+  auto& home = harness::Home::get();
   char tmpl[] = "/tmp/shmrdma-dpcnt-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -438,13 +409,13 @@ void run_pair(const std::string& dev, uint32_t port, uint32_t nports, bool clien
 
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  const std::string exe = self_exe(), ps = std::to_string(port);
-  dp::Child server, client;
-  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--dev", dev, "--port", ps, "--dir", dir}), sv[0]));
-  ASSERT_TRUE(client.start(home.run_argv({exe, "--worker", "client", "--dev", dev, "--port", ps, "--dir", dir}), sv[1]));
+  const std::string exe = harness::self_exe(), ps = std::to_string(port);
+  harness::Child server, client;
+  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--dev", dev, "--port", ps, "--dir", dir}), {.fd3 = sv[0]}));
+  ASSERT_TRUE(client.start(home.run_argv({exe, "--worker", "client", "--dev", dev, "--port", ps, "--dir", dir}), {.fd3 = sv[1]}));
   ::close(sv[0]);
   ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(60);
+  auto deadline = harness::Clock::now() + std::chrono::seconds(60);
   auto dump = [&] { return "--- server ---\n" + server.output() + "--- client ---\n" + client.output(); };
   ASSERT_TRUE(client.wait_output("PHASE1", deadline)) << dump();
 
@@ -467,7 +438,7 @@ void run_pair(const std::string& dev, uint32_t port, uint32_t nports, bool clien
   check_all("after both sides destroyed their QPs");
   if (client_exits) {
     std::ofstream(dir + "/go2").put('1');
-    dp::RunResult c = client.wait(deadline);
+    harness::Result c = client.wait(deadline);
     EXPECT_TRUE(c.ok()) << c.describe() << dump();
     check_all("after the client closed its device and exited");
   } else {
@@ -486,23 +457,23 @@ void run_pair(const std::string& dev, uint32_t port, uint32_t nports, bool clien
 }
 
 TEST(Counters, Port1TrafficIsCountedAndSurvivesDestroyExitAndKill) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair("shm0", 1, 1, true);
 }
 
 TEST(Counters, Port2TrafficIsCountedOnPort2) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
-  dp::RunResult up = home.shmrdma({"up", "--name", "shm2p", "--ports", "2"});
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
+  harness::Result up = home.shmrdma({"up", "--name", "shm2p", "--ports", "2"});
   ASSERT_TRUE(up.ok()) << up.describe();
   run_pair("shm2p", 2, 2, false);
-  dp::RunResult down = home.shmrdma({"down", "--name", "shm2p", "--force"});
+  harness::Result down = home.shmrdma({"down", "--name", "shm2p", "--force"});
   EXPECT_TRUE(down.ok()) << down.describe();
 }
 
 TEST(Counters, PortDownCountsLinkDowned) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
   Counts before, now;
   ASSERT_TRUE(status_counts("shm0", 1, &before));
   ASSERT_TRUE(home.shmrdma({"port", "down"}).ok());
@@ -512,7 +483,7 @@ TEST(Counters, PortDownCountsLinkDowned) {
   EXPECT_EQ(now.at("counters/link_downed") - before.at("counters/link_downed"), 1u);
   EXPECT_EQ(now.at("hw_counters/link_downed") - before.at("hw_counters/link_downed"), 1u);
   // `shmrdma counters --json` reads the same numbers.
-  dp::RunResult r = home.shmrdma({"counters", "--name", "shm0", "--json"});
+  harness::Result r = home.shmrdma({"counters", "--name", "shm0", "--json"});
   ASSERT_TRUE(r.ok()) << r.describe();
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["devices"][0]["ports"][0]["counters"]["link_downed"].get<uint64_t>(), now.at("counters/link_downed"));
@@ -520,7 +491,7 @@ TEST(Counters, PortDownCountsLinkDowned) {
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -536,10 +507,5 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
     return role == "server" ? server(dev, port) : client(dev, port, dir);
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

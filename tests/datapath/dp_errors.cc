@@ -17,14 +17,14 @@
 #include <thread>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
+#include "home.h"
+#include "verbs.h"
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 namespace {
 
-using dp::wc_str;
+using harness::wc_str;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kAllAccess =
@@ -107,23 +107,23 @@ int post_recv(ibv_qp* qp, uint64_t wr_id, ibv_sge* sg, int nsge, ibv_recv_wr** b
 // No completion arrives on `cq` within ms.
 ::testing::AssertionResult no_completion(ibv_cq* cq, int ms) {
   ibv_wc wc{};
-  if (dp::poll_one(cq, &wc, ms)) return ::testing::AssertionFailure() << "unexpected completion " << wc_str(wc);
+  if (harness::poll_one(cq, &wc, ms)) return ::testing::AssertionFailure() << "unexpected completion " << wc_str(wc);
   return ::testing::AssertionSuccess();
 }
 
 class Errors : public ::testing::Test {
  protected:
   void SetUp() override {
-    DP_REQUIRE_DEVICE();
-    nlohmann::json st = dp::Home::get().status();
-    ASSERT_TRUE(dp::Home::find_process(st, ::getpid()).is_null()) << "this process is listed before it opened a context";
+    HARNESS_REQUIRE_DEVICE();
+    nlohmann::json st = harness::Home::get().status();
+    ASSERT_TRUE(harness::Home::find_process(st, ::getpid()).is_null()) << "this process is listed before it opened a context";
     for (int i = 0; i < 2; ++i) {
       std::string why;
-      ctx_[i] = dp::open_shm0(&why);
+      ctx_[i] = harness::open_shm0(&why);
       ASSERT_NE(ctx_[i], nullptr) << why;
       pd_[i] = ibv_alloc_pd(ctx_[i]);
       ASSERT_NE(pd_[i], nullptr) << "ibv_alloc_pd: " << std::strerror(errno);
-      lid_[i] = dp::port_lid(ctx_[i]);
+      lid_[i] = harness::port_lid(ctx_[i]);
       ASSERT_NE(lid_[i], 0) << "port 1 has no LID";
     }
     ibv_device_attr da{};
@@ -149,8 +149,8 @@ class Errors : public ::testing::Test {
       pd_[i] = nullptr;
     }
     // Nothing left while the contexts are still open.
-    nlohmann::json st = dp::Home::get().status();
-    nlohmann::json me = dp::Home::find_process(st, ::getpid());
+    nlohmann::json st = harness::Home::get().status();
+    nlohmann::json me = harness::Home::find_process(st, ::getpid());
     EXPECT_FALSE(me.is_null()) << "this process (two open contexts) is not listed:\n" << st.dump(2);
     if (!me.is_null() && me.contains("objects")) {
       for (const char* k : {"pd", "cq", "wq", "rwq_ind_table", "qp", "mr"})
@@ -158,10 +158,10 @@ class Errors : public ::testing::Test {
                                                  << me.dump(2);
     }
     close_contexts();
-    st = dp::Home::get().status();
-    EXPECT_TRUE(dp::Home::find_process(st, ::getpid()).is_null())
+    st = harness::Home::get().status();
+    EXPECT_TRUE(harness::Home::find_process(st, ::getpid()).is_null())
         << "this process is still listed after closing its contexts:\n" << st.dump(2);
-    EXPECT_TRUE(dp::Home::get().ctx_files().empty()) << "ctx-* files remain after closing every context";
+    EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "ctx-* files remain after closing every context";
   }
 
   void close_contexts() {
@@ -246,21 +246,21 @@ class Errors : public ::testing::Test {
     p->b = new_qp(pd_[1], p->bcq, o);
     ASSERT_NE(p->b, nullptr) << "ibv_create_qp: " << std::strerror(errno);
     if (!o.connect) return;
-    ASSERT_EQ(dp::qp_to_init(p->a, o.a_qp_access), 0);
-    ASSERT_EQ(dp::qp_to_init(p->b, o.b_qp_access), 0);
-    ASSERT_EQ(dp::qp_to_rtr(p->a, p->b->qp_num, lid_[1], 1), 0);
-    ASSERT_EQ(dp::qp_to_rtr(p->b, p->a->qp_num, lid_[0], o.b_min_rnr_timer), 0);
-    ASSERT_EQ(dp::qp_to_rts(p->a, o.rnr_retry, o.a_timeout, o.a_retry_cnt), 0);
-    ASSERT_EQ(dp::qp_to_rts(p->b, o.rnr_retry), 0);
+    ASSERT_EQ(harness::qp_to_init(p->a, o.a_qp_access), 0);
+    ASSERT_EQ(harness::qp_to_init(p->b, o.b_qp_access), 0);
+    ASSERT_EQ(harness::qp_to_rtr(p->a, p->b->qp_num, lid_[1], 1), 0);
+    ASSERT_EQ(harness::qp_to_rtr(p->b, p->a->qp_num, lid_[0], o.b_min_rnr_timer), 0);
+    ASSERT_EQ(harness::qp_to_rts(p->a, o.rnr_retry, o.a_timeout, o.a_retry_cnt), 0);
+    ASSERT_EQ(harness::qp_to_rts(p->b, o.rnr_retry), 0);
   }
 
   // The QP is in ERR and a further SEND on it completes with WR_FLUSH_ERR.
   void expect_err_and_flush(ibv_qp* qp, ibv_cq* cq, const char* what) {
-    EXPECT_EQ(dp::qp_state(qp), IBV_QPS_ERR)
-        << what << ": QP state " << dp::qp_state_name(dp::qp_state(qp)) << " after an error completion, expected ERR";
+    EXPECT_EQ(harness::qp_state(qp), IBV_QPS_ERR)
+        << what << ": QP state " << harness::qp_state_name(harness::qp_state(qp)) << " after an error completion, expected ERR";
     ASSERT_EQ(post(qp, IBV_WR_SEND, 9999, nullptr, 0), 0) << what << ": post_send on a QP in ERR";
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(cq, &wc)) << what << ": no completion for a WR posted in ERR";
+    ASSERT_TRUE(harness::poll_one(cq, &wc)) << what << ": no completion for a WR posted in ERR";
     EXPECT_EQ(wc.wr_id, 9999u) << wc_str(wc);
     EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR) << what << ": WR posted in ERR: " << wc_str(wc);
   }
@@ -271,7 +271,7 @@ class Errors : public ::testing::Test {
                      ibv_wc_status want, const char* what) {
     ASSERT_EQ(post(p.a, op, 77, sg, nsge, raddr, rkey), 0) << what << ": post_send";
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << what << ": no completion within 5 s";
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << what << ": no completion within 5 s";
     EXPECT_EQ(wc.wr_id, 77u) << what;
     EXPECT_EQ(wc.status, want) << what << ": got " << wc_str(wc) << ", expected status "
                                << ibv_wc_status_str(want);
@@ -298,6 +298,21 @@ class Errors : public ::testing::Test {
     ADD_FAILURE() << "destroy_now: unknown object";
   }
 };
+
+// ---------------------------------------------------------------------------
+// ibv_query_qp_data_in_order: shmrdma promises no in-order placement within a
+// message (memcpy and process_vm_writev store a message's bytes in no fixed
+// order; only an RDMA WRITE's last byte is stored last), so the answer is 0
+// for every opcode, connected or not (docs/ARCHITECTURE.md, data path).
+
+TEST_F(Errors, QueryQpDataInOrderPromisesNothing) {
+  Pair p;
+  make_pair(&p);
+  for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM,
+                           IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD})
+    for (ibv_qp* q : {p.a, p.b}) EXPECT_EQ(ibv_query_qp_data_in_order(q, op, 0), 0) << "opcode " << op;
+  EXPECT_EQ(ibv_query_qp_data_in_order(p.a, IBV_WR_RDMA_WRITE, 1u << 31), 0) << "an unknown flag";
+}
 
 // ---------------------------------------------------------------------------
 // Local protection
@@ -376,7 +391,7 @@ TEST_F(Errors, WrongRkeyIsRemAccessErr) {
     for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.bbuf[i], 0) << c.what << " changed target byte " << i;
     if (c.op == IBV_WR_RDMA_WRITE_WITH_IMM) {
       ibv_wc wc{};
-      if (dp::poll_one(p.bcq, &wc, 100)) {
+      if (harness::poll_one(p.bcq, &wc, 100)) {
         EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "the target completed a receive for a WRITE_WITH_IMM with a bad rkey: "
                                              << wc_str(wc);
       }
@@ -501,12 +516,12 @@ TEST_F(Errors, RecvSgeWithBadLkeyIsLocProtErrAtTarget) {
   ibv_sge s = p.a_sge(0, 32);
   ASSERT_EQ(post(p.a, IBV_WR_SEND, 77, &s, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_REM_OP_ERR) << "sender of a SEND into a receive with a bad lkey: " << wc_str(wc);
-  ASSERT_TRUE(dp::poll_one(p.bcq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
   EXPECT_EQ(wc.wr_id, 5u);
   EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << "receive with a bad lkey: " << wc_str(wc);
-  EXPECT_EQ(dp::qp_state(p.b), IBV_QPS_ERR) << "the target QP after a local protection error on a receive";
+  EXPECT_EQ(harness::qp_state(p.b), IBV_QPS_ERR) << "the target QP after a local protection error on a receive";
   expect_err_and_flush(p.a, p.acq, "sender after REM_OP_ERR");
 }
 
@@ -537,7 +552,7 @@ TEST_F(Errors, TooManySgesIsEinvalWithBadWr) {
   EXPECT_EQ(ibv_post_send(p.a, &w[0], &bad), EINVAL) << "post_send with max_send_sge+1 = " << max + 1 << " SGEs";
   EXPECT_EQ(bad, &w[1]) << "bad_wr must point at the WR with too many SGEs";
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "the good WR before the bad one was not executed";
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "the good WR before the bad one was not executed";
   EXPECT_EQ(wc.wr_id, 100u) << wc_str(wc);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   EXPECT_TRUE(no_completion(p.acq, 100)) << "WRs at or after bad_wr must not be executed";
@@ -545,9 +560,9 @@ TEST_F(Errors, TooManySgesIsEinvalWithBadWr) {
   w[1].num_sge = max;
   w[1].next = nullptr;
   EXPECT_EQ(ibv_post_send(p.a, &w[1], &bad), 0) << "post_send with max_send_sge SGEs";
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS) << "a rejected post must not change the QP state";
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS) << "a rejected post must not change the QP state";
 }
 
 TEST_F(Errors, TooManyRecvSgesIsEinvalWithBadWr) {
@@ -597,7 +612,7 @@ TEST_F(Errors, OversizedInlineIsEinval) {
   ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 3, &s, 1, p.b_addr(), p.bmr->rkey, IBV_SEND_SIGNALED | IBV_SEND_INLINE), 0);
   std::memset(p.abuf, 0xee, max);  // inline: the buffer is ours again at once
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   for (uint32_t i = 0; i < max; ++i)
     ASSERT_EQ(p.bbuf[i], static_cast<uint8_t>(i * 7 + 1)) << "inline WRITE byte " << i;
@@ -620,11 +635,11 @@ TEST_F(Errors, PostSendBeforeRtsIsEinval) {
   EXPECT_EQ(post_recv(p.a, 1, &r, 1, &rbad), EINVAL) << "post_recv in RESET";
   EXPECT_NE(rbad, nullptr) << "bad_wr after post_recv in RESET";
   try_send("RESET");
-  ASSERT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
-  ASSERT_EQ(dp::qp_to_init(p.b, kAllAccess), 0);
+  ASSERT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
+  ASSERT_EQ(harness::qp_to_init(p.b, kAllAccess), 0);
   try_send("INIT");
   EXPECT_EQ(post_recv(p.a, 1, &r, 1), 0) << "post_recv in INIT is allowed";
-  ASSERT_EQ(dp::qp_to_rtr(p.a, p.b->qp_num, lid_[1]), 0);
+  ASSERT_EQ(harness::qp_to_rtr(p.a, p.b->qp_num, lid_[1]), 0);
   try_send("RTR");
   EXPECT_EQ(post_recv(p.a, 2, &r, 1), 0) << "post_recv in RTR is allowed";
   EXPECT_TRUE(no_completion(p.acq, 50));
@@ -685,7 +700,7 @@ TEST_F(Errors, ErrorCompletionMovesQpToErrAndFlushesEverything) {
   auto deadline = Clock::now() + std::chrono::seconds(5);
   while (got.size() < 5 && Clock::now() < deadline) {
     ibv_wc wc{};
-    if (dp::poll_one(p.acq, &wc, 100)) got.push_back(wc);
+    if (harness::poll_one(p.acq, &wc, 100)) got.push_back(wc);
   }
   ASSERT_EQ(got.size(), 5u) << "expected 3 send + 2 receive completions";
   int send_seen = 0, recv_seen = 0;
@@ -701,11 +716,11 @@ TEST_F(Errors, ErrorCompletionMovesQpToErrAndFlushesEverything) {
       ++recv_seen;
     }
   }
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_ERR);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_ERR);
   // A receive posted in ERR is flushed too.
   ASSERT_EQ(post_recv(p.a, 503, &r, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "no flush completion for a receive posted in ERR";
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "no flush completion for a receive posted in ERR";
   EXPECT_EQ(wc.wr_id, 503u);
   EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR) << wc_str(wc);
   expect_err_and_flush(p.a, p.acq, "after the error");
@@ -713,8 +728,8 @@ TEST_F(Errors, ErrorCompletionMovesQpToErrAndFlushesEverything) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
   ASSERT_EQ(ibv_modify_qp(p.a, &a, IBV_QP_STATE), 0);
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RESET);
-  EXPECT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RESET);
+  EXPECT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
   EXPECT_TRUE(no_completion(p.acq, 50));
 }
 
@@ -728,13 +743,13 @@ TEST_F(Errors, ReceiveTooSmallIsRemInvReqAndLocLen) {
   ibv_sge s = p.a_sge(0, 64);
   ASSERT_EQ(post(p.a, IBV_WR_SEND, 77, &s, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "no sender completion";
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "no sender completion";
   EXPECT_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR) << "sender of 64 bytes into a 16-byte receive: " << wc_str(wc);
-  ASSERT_TRUE(dp::poll_one(p.bcq, &wc)) << "no receiver completion";
+  ASSERT_TRUE(harness::poll_one(p.bcq, &wc)) << "no receiver completion";
   EXPECT_EQ(wc.wr_id, 42u);
   EXPECT_EQ(wc.status, IBV_WC_LOC_LEN_ERR) << "16-byte receive of a 64-byte SEND: " << wc_str(wc);
-  EXPECT_EQ(dp::qp_state(p.b), IBV_QPS_ERR) << "receiver QP after LOC_LEN_ERR";
-  ASSERT_TRUE(dp::poll_one(p.bcq, &wc)) << "the second receive was not flushed";
+  EXPECT_EQ(harness::qp_state(p.b), IBV_QPS_ERR) << "receiver QP after LOC_LEN_ERR";
+  ASSERT_TRUE(harness::poll_one(p.bcq, &wc)) << "the second receive was not flushed";
   EXPECT_EQ(wc.wr_id, 43u);
   EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR) << wc_str(wc);
   expect_err_and_flush(p.a, p.acq, "sender after REM_INV_REQ_ERR");
@@ -751,9 +766,9 @@ TEST_F(Errors, SendWithImmIntoSmallReceiveAndExactFit) {
   ibv_sge s = p.a_sge(0, 64);
   ASSERT_EQ(post(p.a, IBV_WR_SEND_WITH_IMM, 2, &s, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  ASSERT_TRUE(dp::poll_one(p.bcq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   EXPECT_EQ(wc.byte_len, 64u);
   EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
@@ -781,7 +796,7 @@ TEST_F(Errors, RnrRetryExceededWithinBoundedTime) {
     auto t0 = Clock::now();
     ASSERT_EQ(post(p.a, IBV_WR_SEND, 77, &s, 1), 0);
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc, 5000)) << "no completion within 5 s with rnr_retry " << int(retry);
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc, 5000)) << "no completion within 5 s with rnr_retry " << int(retry);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR) << wc_str(wc);
     EXPECT_LT(ms, 2000.0) << "RNR retries took too long";
@@ -805,7 +820,7 @@ TEST_F(Errors, RnrRetryWithLongTimerIsNotImmediate) {
   auto t0 = Clock::now();
   ASSERT_EQ(post(p.a, IBV_WR_SEND, 77, &s, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc, 5000));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc, 5000));
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR) << wc_str(wc);
   EXPECT_GE(ms, 15.0);
@@ -826,18 +841,18 @@ TEST_F(Errors, RnrRetrySevenWaitsForAReceive) {
   ibv_sge ws = p.a_sge(200, 32);
   ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 78, &ws, 1, p.b_addr(1000), p.bmr->rkey), 0);
   EXPECT_TRUE(no_completion(p.acq, 500)) << "rnr_retry 7 must wait for a receive";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
   EXPECT_EQ(p.bbuf[1000], 0) << "a WRITE behind a waiting SEND was executed before it";
   ibv_sge r = p.b_sge(0, 128);
   ASSERT_EQ(post_recv(p.b, 9, &r, 1), 0);
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "the SEND did not complete after a receive was posted";
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "the SEND did not complete after a receive was posted";
   EXPECT_EQ(wc.wr_id, 77u);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.wr_id, 78u);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  ASSERT_TRUE(dp::poll_one(p.bcq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
   EXPECT_EQ(wc.wr_id, 9u);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   EXPECT_EQ(wc.byte_len, 100u);
@@ -854,13 +869,13 @@ TEST_F(Errors, ZeroLengthWriteWithRkeyZeroSucceeds) {
   make_pair(&p);
   ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1, nullptr, 0, 0, 0), 0) << "0-byte WRITE, no SGE, rkey 0";
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "UCX-style flush (0-byte WRITE, rkey 0): " << wc_str(wc);
   ibv_sge s = p.a_sge(0, 0);
   ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 2, &s, 1, 0, 0), 0) << "0-byte WRITE, one empty SGE, rkey 0";
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
 }
 
 TEST_F(Errors, ModifyQpMissingRequiredAttributesIsEinval) {
@@ -881,8 +896,8 @@ TEST_F(Errors, ModifyQpMissingRequiredAttributesIsEinval) {
   a.port_num = 9;
   EXPECT_EQ(ibv_modify_qp(p.a, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), EINVAL)
       << "RESET->INIT with port 9";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RESET) << "a failed modify changed the state";
-  ASSERT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RESET) << "a failed modify changed the state";
+  ASSERT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
 
   ibv_qp_attr r{};
   r.qp_state = IBV_QPS_RTR;
@@ -899,7 +914,7 @@ TEST_F(Errors, ModifyQpMissingRequiredAttributesIsEinval) {
     EXPECT_EQ(ibv_modify_qp(p.a, &r, all & ~missing), EINVAL) << "INIT->RTR without attribute mask " << missing;
   }
   EXPECT_EQ(ibv_modify_qp(p.a, &r, all | IBV_QP_SQ_PSN), EINVAL) << "INIT->RTR with IBV_QP_SQ_PSN (not allowed)";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_INIT);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_INIT);
   ASSERT_EQ(ibv_modify_qp(p.a, &r, all), 0);
 
   ibv_qp_attr s{};
@@ -913,9 +928,9 @@ TEST_F(Errors, ModifyQpMissingRequiredAttributesIsEinval) {
   for (int missing : {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_MAX_QP_RD_ATOMIC}) {
     EXPECT_EQ(ibv_modify_qp(p.a, &s, rts & ~missing), EINVAL) << "RTR->RTS without attribute mask " << missing;
   }
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTR);
   EXPECT_EQ(ibv_modify_qp(p.a, &s, rts), 0);
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
 }
 
 TEST_F(Errors, InvalidTransitionsAreEinval) {
@@ -944,27 +959,27 @@ TEST_F(Errors, InvalidTransitionsAreEinval) {
   EXPECT_EQ(to(IBV_QPS_RTR, rtr_mask), EINVAL) << "RESET->RTR";
   EXPECT_EQ(to(IBV_QPS_RTS, rts_mask), EINVAL) << "RESET->RTS";
   EXPECT_EQ(to(IBV_QPS_SQD, IBV_QP_STATE), EINVAL) << "RESET->SQD";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RESET);
-  ASSERT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RESET);
+  ASSERT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
   EXPECT_EQ(to(IBV_QPS_RTS, rts_mask), EINVAL) << "INIT->RTS";
   EXPECT_EQ(to(IBV_QPS_SQD, IBV_QP_STATE), EINVAL) << "INIT->SQD";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_INIT);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_INIT);
   ASSERT_EQ(to(IBV_QPS_RTR, rtr_mask), 0);
   EXPECT_EQ(to(IBV_QPS_INIT, IBV_QP_STATE), EINVAL) << "RTR->INIT";
   EXPECT_EQ(to(IBV_QPS_RTR, rtr_mask), EINVAL) << "RTR->RTR with INIT->RTR attributes";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTR);
   ASSERT_EQ(to(IBV_QPS_RTS, rts_mask), 0);
   EXPECT_EQ(to(IBV_QPS_RTR, IBV_QP_STATE), EINVAL) << "RTS->RTR";
   EXPECT_EQ(to(IBV_QPS_INIT, IBV_QP_STATE), EINVAL) << "RTS->INIT";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
   // Any state -> ERR and ERR -> RESET are valid; ERR -> RTS is not.
   ASSERT_EQ(to(IBV_QPS_ERR, IBV_QP_STATE), 0);
   EXPECT_EQ(to(IBV_QPS_RTS, rts_mask), EINVAL) << "ERR->RTS";
   EXPECT_EQ(to(IBV_QPS_INIT, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), EINVAL)
       << "ERR->INIT";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_ERR);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_ERR);
   EXPECT_EQ(to(IBV_QPS_RESET, IBV_QP_STATE), 0) << "ERR->RESET";
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RESET);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RESET);
 }
 
 TEST_F(Errors, SendQueueFullIsEnomem) {
@@ -991,13 +1006,13 @@ TEST_F(Errors, SendQueueFullIsEnomem) {
   }
   for (uint32_t i = 0; i < depth; ++i) {
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "SEND " << i << " did not complete";
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "SEND " << i << " did not complete";
     EXPECT_EQ(wc.wr_id, i);
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   }
   EXPECT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1000, &s, 1, p.b_addr(), p.bmr->rkey), 0) << "post after the queue drained";
   ibv_wc wc{};
-  ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
 }
 
@@ -1028,7 +1043,7 @@ TEST_F(Errors, UnsignaledSlotsAreFreedByASignaledCompletion) {
       ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, i, &s, 1, p.b_addr(), p.bmr->rkey, 0), 0) << "round " << round;
     ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1000 + static_cast<uint64_t>(round), &s, 1, p.b_addr(), p.bmr->rkey), 0);
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
     EXPECT_EQ(wc.wr_id, 1000u + static_cast<uint64_t>(round)) << "only the signaled WR completes";
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
   }
@@ -1043,7 +1058,7 @@ TEST_F(Errors, AtomicMisalignedOrWrongLength) {
     int rc = post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s, 1, p.b_addr(), p.bmr->rkey, IBV_SEND_SIGNALED, &bad);
     if (rc == 0) {
       ibv_wc wc{};
-      ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+      ASSERT_TRUE(harness::poll_one(p.acq, &wc));
       EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "a 4-byte atomic succeeded: " << wc_str(wc);
     } else {
       EXPECT_EQ(rc, EINVAL);
@@ -1055,9 +1070,9 @@ TEST_F(Errors, AtomicMisalignedOrWrongLength) {
     ibv_sge s = p.a_sge(0, 8);
     ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s, 1, p.b_addr(4), p.bmr->rkey), 0);
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
     EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "an atomic on a misaligned address succeeded: " << wc_str(wc);
-    EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_ERR);
+    EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_ERR);
     for (size_t i = 0; i < 16; ++i) ASSERT_EQ(p.bbuf[i], 0) << "byte " << i;
   }
 }
@@ -1081,7 +1096,7 @@ class Transport : public Errors {
     auto t0 = Clock::now();
     ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 77, &s, 1, p.b_addr(), p.bmr->rkey), 0) << what;
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc, 10000)) << what << ": no completion within 10 s";
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc, 10000)) << what << ": no completion within 10 s";
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << what << ": " << wc_str(wc);
     if (min_wait) {
@@ -1133,12 +1148,12 @@ TEST_F(Transport, TargetConnectedElsewhereIsRetryExcErr) {
   make_pair(&p, o);
   ibv_qp* c = new_qp(pd_[0], p.acq, o);
   ASSERT_NE(c, nullptr);
-  ASSERT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
-  ASSERT_EQ(dp::qp_to_init(p.b, kAllAccess), 0);
-  ASSERT_EQ(dp::qp_to_rtr(p.a, p.b->qp_num, lid_[1]), 0);
-  ASSERT_EQ(dp::qp_to_rtr(p.b, c->qp_num, lid_[0]), 0);
-  ASSERT_EQ(dp::qp_to_rts(p.a, 7, o.a_timeout, o.a_retry_cnt), 0);
-  ASSERT_EQ(dp::qp_to_rts(p.b), 0);
+  ASSERT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
+  ASSERT_EQ(harness::qp_to_init(p.b, kAllAccess), 0);
+  ASSERT_EQ(harness::qp_to_rtr(p.a, p.b->qp_num, lid_[1]), 0);
+  ASSERT_EQ(harness::qp_to_rtr(p.b, c->qp_num, lid_[0]), 0);
+  ASSERT_EQ(harness::qp_to_rts(p.a, 7, o.a_timeout, o.a_retry_cnt), 0);
+  ASSERT_EQ(harness::qp_to_rts(p.b), 0);
   expect_retry_exceeded(p, "WRITE to a QP connected to another QP");
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.bbuf[i], 0) << "byte " << i;
 }
@@ -1148,9 +1163,9 @@ TEST_F(Transport, ConnectedToANonexistentQpnIsRetryExcErr) {
   PairOpts o = opts();
   o.connect = false;
   make_pair(&p, o);
-  ASSERT_EQ(dp::qp_to_init(p.a, kAllAccess), 0);
-  ASSERT_EQ(dp::qp_to_rtr(p.a, p.b->qp_num ^ 0x800000, lid_[1]), 0);
-  ASSERT_EQ(dp::qp_to_rts(p.a, 7, o.a_timeout, o.a_retry_cnt), 0);
+  ASSERT_EQ(harness::qp_to_init(p.a, kAllAccess), 0);
+  ASSERT_EQ(harness::qp_to_rtr(p.a, p.b->qp_num ^ 0x800000, lid_[1]), 0);
+  ASSERT_EQ(harness::qp_to_rts(p.a, 7, o.a_timeout, o.a_retry_cnt), 0);
   expect_retry_exceeded(p, "WRITE to a QPN nobody has", false);
 }
 
@@ -1198,7 +1213,7 @@ TEST_F(Errors, ReregMrAppliesToTheKeyAtOnce) {
     ibv_sge s = p.a_sge(0, 64);
     ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1, &s, 1, reinterpret_cast<uintptr_t>(buf), old_rkey), 0);
     ibv_wc wc{};
-    ASSERT_TRUE(dp::poll_one(p.acq, &wc));
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "WRITE after ibv_rereg_mr added REMOTE_WRITE back: " << wc_str(wc);
     for (size_t i = 0; i < 64; ++i) ASSERT_EQ(buf[i], 0x42) << "byte " << i;
   }
@@ -1223,7 +1238,7 @@ TEST_F(Errors, UnsupportedOpcodesAreRejectedAtPost) {
     if (rc == 0) {
       // Accepted: then it must complete, in error, rather than do anything.
       ibv_wc wc{};
-      ASSERT_TRUE(dp::poll_one(p.acq, &wc)) << "opcode " << op << " accepted but never completed";
+      ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "opcode " << op << " accepted but never completed";
       EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "opcode " << op << " succeeded";
       return;
     }
@@ -1231,16 +1246,11 @@ TEST_F(Errors, UnsupportedOpcodesAreRejectedAtPost) {
     EXPECT_NE(bad, nullptr) << "opcode " << op;
   }
   EXPECT_TRUE(no_completion(p.acq, 50));
-  EXPECT_EQ(dp::qp_state(p.a), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

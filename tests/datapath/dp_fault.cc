@@ -32,11 +32,14 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
 
 using Clock = std::chrono::steady_clock;
 
@@ -45,17 +48,6 @@ constexpr uint32_t kRecvs = 32;
 constexpr uint32_t kMaxOutstanding = 32;
 constexpr uint32_t kMsg = 64u << 10;
 constexpr uint32_t kBigMsg = 4u << 20;     // mode bigsend
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
 
 struct Hello {
   uint32_t magic = 0x44504654;
@@ -73,20 +65,12 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
   sigprocmask(SIG_BLOCK, &usr1, nullptr);
 
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
+  ibv_context* ctx = harness::open_shm0(&why);
   if (!ctx) die("%s: %s", name.c_str(), why.c_str());
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 1024, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("%s: pd/cq: %s", name.c_str(), std::strerror(errno));
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq;
-  ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = kMaxOutstanding;
-  ia.cap.max_recv_wr = kRecvs;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, kMaxOutstanding, kRecvs);
   if (!qp) die("%s: ibv_create_qp: %s", name.c_str(), std::strerror(errno));
   void* mem = nullptr;
   const size_t kRecvSlot = mode == "bigsend" ? kBigMsg : kMsg;  // receive buffer size
@@ -101,21 +85,21 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
 
   Hello me, peer;
   me.qpn = qp->qp_num;
-  me.lid = dp::port_lid(ctx);
+  me.lid = harness::port_lid(ctx);
   me.rkey = mr->rkey;
   me.addr = reinterpret_cast<uintptr_t>(buf);
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("%s: send hello", name.c_str());
-  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000) || peer.magic != me.magic)
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("%s: send hello", name.c_str());
+  if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000) || peer.magic != me.magic)
     die("%s: no hello", name.c_str());
   const bool rnr = mode == "rnr";
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (int rc = dp::qp_to_init(qp, access)) die("INIT: %s", std::strerror(rc));
-  if (int rc = dp::qp_to_rtr(qp, peer.qpn, peer.lid, 1)) die("RTR: %s", std::strerror(rc));
+  if (int rc = harness::qp_to_init(qp, access)) die("INIT: %s", std::strerror(rc));
+  if (int rc = harness::qp_to_rtr(qp, peer.qpn, peer.lid, 1)) die("RTR: %s", std::strerror(rc));
   // rnr: transport timeout 0 (never) and rnr_retry 7 (forever).
-  if (int rc = dp::qp_to_rts(qp, 7, rnr ? 0 : 14, 7)) die("RTS: %s", std::strerror(rc));
+  if (int rc = harness::qp_to_rts(qp, 7, rnr ? 0 : 14, 7)) die("RTS: %s", std::strerror(rc));
   // Both sides are connected before either sends.
   char token = 'R', got = 0;
-  if (!dp::write_all(dp::kCtlFd, &token, 1) || !dp::read_all(dp::kCtlFd, &got, 1, 30000))
+  if (!harness::write_all(harness::kCtlFd, &token, 1) || !harness::read_all(harness::kCtlFd, &got, 1, 30000))
     die("%s: the peer did not connect", name.c_str());
   std::printf("READY %s pid %d qpn %u\n", name.c_str(), ::getpid(), qp->qp_num);
 
@@ -190,8 +174,8 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
                                  : "is untouched");
       }
       die("%s: 10 s after the first error (%s) %" PRIu64 " sends and %" PRIu64 " receives are still outstanding (QP %s)",
-          name.c_str(), dp::wc_str(first_err).c_str(), sends_outstanding, recv_outstanding,
-          dp::qp_state_name(dp::qp_state(qp)));
+          name.c_str(), harness::wc_str(first_err).c_str(), sends_outstanding, recv_outstanding,
+          harness::qp_state_name(harness::qp_state(qp)));
     }
     if (!have_err && !(rnr && idle)) {
       while (sends_outstanding < (rnr ? 4u : kMaxOutstanding)) {
@@ -209,7 +193,7 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
       if (wc[i].status == IBV_WC_SUCCESS) {
         if (have_err)
           die("%s: a %s completed successfully after the error completion %s: %s", name.c_str(),
-              is_recv ? "receive" : "send", dp::wc_str(first_err).c_str(), dp::wc_str(wc[i]).c_str());
+              is_recv ? "receive" : "send", harness::wc_str(first_err).c_str(), harness::wc_str(wc[i]).c_str());
         ++good;
         if (is_recv) post_recv(), ++recv_outstanding;
         continue;
@@ -226,10 +210,10 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
                           : (wc[i].status == IBV_WC_RETRY_EXC_ERR || wc[i].status == IBV_WC_WR_FLUSH_ERR);
         if (!ok)
           die("%s: first error completion (%s) %s; expected RETRY_EXC_ERR or WR_FLUSH_ERR", name.c_str(),
-              is_recv ? "receive" : "send", dp::wc_str(wc[i]).c_str());
+              is_recv ? "receive" : "send", harness::wc_str(wc[i]).c_str());
       } else if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
         die("%s: after the first error (%s) a %s completed with %s", name.c_str(), ibv_wc_status_str(first_err.status),
-            is_recv ? "receive" : "send", dp::wc_str(wc[i]).c_str());
+            is_recv ? "receive" : "send", harness::wc_str(wc[i]).c_str());
       }
       if (wc[i].status == IBV_WC_WR_FLUSH_ERR) (is_recv ? flushed_recvs : flushed_sends) += 1;
     }
@@ -249,13 +233,13 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
     if (n == 0) std::this_thread::yield();
   }
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_err).count();
-  int state = dp::qp_state(qp);
-  if (state != IBV_QPS_ERR) die("%s: QP state %s after the error, expected ERR", name.c_str(), dp::qp_state_name(state));
+  int state = harness::qp_state(qp);
+  if (state != IBV_QPS_ERR) die("%s: QP state %s after the error, expected ERR", name.c_str(), harness::qp_state_name(state));
   // A WR posted now is flushed too.
   if (int rc = post_send()) die("%s: ibv_post_send in ERR: %s", name.c_str(), std::strerror(rc));
   ibv_wc wc{};
-  if (!dp::poll_one(cq, &wc, 5000)) die("%s: no completion for a WR posted in ERR", name.c_str());
-  if (wc.status != IBV_WC_WR_FLUSH_ERR) die("%s: WR posted in ERR: %s", name.c_str(), dp::wc_str(wc).c_str());
+  if (!harness::poll_one(cq, &wc, 5000)) die("%s: no completion for a WR posted in ERR", name.c_str());
+  if (wc.status != IBV_WC_WR_FLUSH_ERR) die("%s: WR posted in ERR: %s", name.c_str(), harness::wc_str(wc).c_str());
   std::printf("SURVIVOR %s first=%s(%s) good=%" PRIu64 " outstanding_at_error=%" PRIu64 " flushed_sends=%" PRIu64
               " recv_at_error=%" PRIu64 " flushed_recvs=%" PRIu64 " drain_ms=%.1f\n",
               name.c_str(), (first_err.wr_id >> 63) ? "receive" : "send", ibv_wc_status_str(first_err.status), good, outstanding_at_error, flushed_sends,
@@ -274,32 +258,24 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
 // ---------------------------------------------------------------------------
 // The gtest driver
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 class Fault : public ::testing::TestWithParam<std::string> {};
 
 void kill_round(const std::string& mode) {
-  auto& home = dp::Home::get();
+  auto& home = harness::Home::get();
   const bool rnr = mode == "rnr";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child survivor, victim;
-  ASSERT_TRUE(survivor.start(home.run_argv({exe, "--worker", "a", "--mode", mode, "--idle", "0"}), sv[0]))
+  std::string exe = harness::self_exe();
+  harness::Child survivor, victim;
+  ASSERT_TRUE(survivor.start(home.run_argv({exe, "--worker", "a", "--mode", mode, "--idle", "0"}), {.fd3 = sv[0]}))
       << survivor.output();
-  ASSERT_TRUE(victim.start(home.run_argv({exe, "--worker", "b", "--mode", mode, "--idle", rnr ? "1" : "0"}), sv[1]))
+  ASSERT_TRUE(victim.start(home.run_argv({exe, "--worker", "b", "--mode", mode, "--idle", rnr ? "1" : "0"}), {.fd3 = sv[1]}))
       << victim.output();
   ::close(sv[0]);
   ::close(sv[1]);
   auto dump = [&] { return "--- survivor ---\n" + survivor.output() + "--- victim ---\n" + victim.output(); };
 
-  auto t0 = dp::Clock::now();
+  auto t0 = harness::Clock::now();
   ASSERT_TRUE(survivor.wait_output(rnr ? "WAITING" : "STREAMING", t0 + std::chrono::seconds(60)))
       << "the survivor did not start streaming\n" << dump();
   ASSERT_TRUE(victim.wait_output(rnr ? "IDLE" : "STREAMING", t0 + std::chrono::seconds(60)))
@@ -308,7 +284,7 @@ void kill_round(const std::string& mode) {
 
   // The victim's context slot, hence its segment file.
   nlohmann::json st = home.status();
-  nlohmann::json ve = dp::Home::find_process(st, vpid);
+  nlohmann::json ve = harness::Home::find_process(st, vpid);
   ASSERT_FALSE(ve.is_null()) << "status does not list the victim pid " << vpid << ":\n" << st.dump(2);
   const std::string vprefix = "ctx-" + std::to_string(ve.value("context_slot", -1)) + "-";
   bool found = false;
@@ -316,14 +292,14 @@ void kill_round(const std::string& mode) {
   ASSERT_TRUE(found) << "no " << vprefix << "* file for the victim";
 
   // Mid-stream: SIGKILL (and reap, as a parent would).
-  auto t_kill = dp::Clock::now();
+  auto t_kill = harness::Clock::now();
   victim.kill(SIGKILL);
   bool reported = survivor.wait_output("SURVIVOR", t_kill + std::chrono::seconds(10));
-  double ms = std::chrono::duration<double, std::milli>(dp::Clock::now() - t_kill).count();
+  double ms = std::chrono::duration<double, std::milli>(harness::Clock::now() - t_kill).count();
   if (!reported) {
     // Let the survivor print its own diagnosis (it gives up 10 s after its
     // first error completion), then stop it.
-    survivor.wait_output("FAIL", dp::Clock::now() + std::chrono::seconds(5));
+    survivor.wait_output("FAIL", harness::Clock::now() + std::chrono::seconds(5));
     survivor.drain(100);
     std::string out = dump();
     survivor.kill();
@@ -334,18 +310,18 @@ void kill_round(const std::string& mode) {
 
   // Reclaim: `shmrdma up`, then status no longer lists the victim and its
   // segment is gone; the survivor is still listed.
-  dp::RunResult up = home.shmrdma({"up"});
+  harness::Result up = home.shmrdma({"up"});
   EXPECT_TRUE(up.ok()) << up.describe();
   st = home.status();
-  EXPECT_TRUE(dp::Home::find_process(st, vpid).is_null())
+  EXPECT_TRUE(harness::Home::find_process(st, vpid).is_null())
       << "status still lists the killed pid " << vpid << " after shmrdma up:\n" << st.dump(2);
-  EXPECT_FALSE(dp::Home::find_process(st, spid).is_null()) << "the survivor is not listed:\n" << st.dump(2);
+  EXPECT_FALSE(harness::Home::find_process(st, spid).is_null()) << "the survivor is not listed:\n" << st.dump(2);
   for (const auto& f : home.ctx_files())
     EXPECT_NE(f.rfind(vprefix, 0), 0u) << "the killed process's segment " << f << " remains";
 
   // The survivor tears down cleanly.
   survivor.signal(SIGUSR1);
-  dp::RunResult s = survivor.wait(dp::Clock::now() + std::chrono::seconds(20));
+  harness::Result s = survivor.wait(harness::Clock::now() + std::chrono::seconds(20));
   EXPECT_TRUE(s.ok()) << s.describe();
   EXPECT_NE(s.out.find("CLEAN"), std::string::npos) << s.out;
   st = home.status();
@@ -354,7 +330,7 @@ void kill_round(const std::string& mode) {
 }
 
 TEST_P(Fault, PeerKilledMidStream) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   // The peer dies at a random point of its work; bigsend repeats the kill to
   // hit the window inside a SEND more surely.
   const int rounds = GetParam() == "bigsend" ? 5 : 1;
@@ -369,7 +345,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, Fault, ::testing::Values("send", "write", "read"
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -383,10 +359,5 @@ int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return run_worker(name, mode, idle);
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

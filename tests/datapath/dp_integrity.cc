@@ -45,11 +45,14 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
 
 using Clock = std::chrono::steady_clock;
 
@@ -61,17 +64,6 @@ constexpr uint64_t kRecvSlot = kMaxMsg + (64u << 10);
 constexpr uint64_t kLocalLen = 64ull << 20;   // client local region
 constexpr uint8_t kCanary = 0xC3;
 constexpr int kWaitMs = 60000;                // any single wait
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
 
 uint64_t fmix64(uint64_t k) {
   k ^= k >> 33;
@@ -332,9 +324,9 @@ struct Verbs {
 
   void open(uint32_t send_wr, uint32_t recv_wr) {
     std::string why;
-    ctx = dp::open_shm0(&why);
+    ctx = harness::open_shm0(&why);
     if (!ctx) die("open shm0: %s", why.c_str());
-    lid = dp::port_lid(ctx);
+    lid = harness::port_lid(ctx);
     if (const char* g = std::getenv("DP_GID_INDEX"); g && *g) {
       gid_index = std::atoi(g);
       if (ibv_query_gid(ctx, 1, gid_index, &gid)) die("ibv_query_gid %d: %s", gid_index, std::strerror(errno));
@@ -368,7 +360,7 @@ struct Verbs {
 
   void connect(uint32_t qpn, uint16_t dlid, const uint8_t* dgid) {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-    if (int rc = dp::qp_to_init(qp, access)) die("to INIT: %s", std::strerror(rc));
+    if (int rc = harness::qp_to_init(qp, access)) die("to INIT: %s", std::strerror(rc));
     if (gid_index >= 0) {
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_RTR;
@@ -385,10 +377,10 @@ struct Verbs {
                                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         die("to RTR over GID index %d: %s", gid_index, std::strerror(rc));
-    } else if (int rc = dp::qp_to_rtr(qp, qpn, dlid, 1)) {
+    } else if (int rc = harness::qp_to_rtr(qp, qpn, dlid, 1)) {
       die("to RTR: %s", std::strerror(rc));
     }
-    if (int rc = dp::qp_to_rts(qp, 7)) die("to RTS: %s", std::strerror(rc));
+    if (int rc = harness::qp_to_rts(qp, 7)) die("to RTS: %s", std::strerror(rc));
   }
 };
 
@@ -425,8 +417,8 @@ int run_server(uint64_t seed) {
   me.a_rkey = amr->rkey;
   me.a_count = kACount;
   Hello peer;
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("server: send hello");
-  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("server: no hello");
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("server: send hello");
+  if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("server: no hello");
   v.connect(peer.qpn, peer.lid, peer.gid);
 
   struct Posted {
@@ -466,12 +458,12 @@ int run_server(uint64_t seed) {
 
   uint64_t received = 0, recv_bytes = 0;
   auto handle = [&](const ibv_wc& wc) {
-    if (posted.empty()) die("server: completion with no receive posted: %s", dp::wc_str(wc).c_str());
+    if (posted.empty()) die("server: completion with no receive posted: %s", harness::wc_str(wc).c_str());
     Posted& p = posted.front();
     const Op& op = p.op;
     const char* kn = kind_name(op.kind);
     if (wc.status != IBV_WC_SUCCESS)
-      die("server: op %" PRIu64 " (%s, %u bytes): receive completion %s", op.idx, kn, op.len, dp::wc_str(wc).c_str());
+      die("server: op %" PRIu64 " (%s, %u bytes): receive completion %s", op.idx, kn, op.len, harness::wc_str(wc).c_str());
     if (wc.wr_id != p.ordinal)
       die("server: op %" PRIu64 " (%s): receive completion wr_id %" PRIu64 ", expected %" PRIu64 " (out of order)",
           op.idx, kn, wc.wr_id, p.ordinal);
@@ -549,7 +541,7 @@ int run_server(uint64_t seed) {
     return "";
   };
 
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   if (!ctl.send_line("READY")) die("server: control channel");
   auto idle_since = Clock::now();
   for (;;) {
@@ -574,7 +566,7 @@ int run_server(uint64_t seed) {
     if (cmd == 'D') {
       // Nothing more may arrive.
       ibv_wc wc;
-      if (ibv_poll_cq(v.cq, 1, &wc) != 0) die("server: an extra completion after the end: %s", dp::wc_str(wc).c_str());
+      if (ibv_poll_cq(v.cq, 1, &wc) != 0) die("server: an extra completion after the end: %s", harness::wc_str(wc).c_str());
       std::printf("SERVER received=%" PRIu64 " bytes=%" PRIu64 " checkpoint=%" PRIu64 "\n", received, recv_bytes, n);
       break;
     }
@@ -647,11 +639,11 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
   me.qpn = v.qp->qp_num;
   me.lid = v.lid;
   std::memcpy(me.gid, v.gid.raw, 16);
-  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("client: no hello");
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("client: send hello");
+  if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, kWaitMs) || peer.magic != me.magic) die("client: no hello");
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("client: send hello");
   if (peer.r_len != kRLen || peer.a_count != kACount) die("client: server geometry differs");
   v.connect(peer.qpn, peer.lid, peer.gid);
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   if (ctl.poll_line(&line, kWaitMs) != 1 || line != "READY") die("client: server not ready ('%s')", line.c_str());
 
@@ -737,13 +729,13 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
         }
         if (p.seq > w.wr_id) break;
       }
-      if (!hit) die("client: completion for an unknown WR: %s", dp::wc_str(w).c_str());
+      if (!hit) die("client: completion for an unknown WR: %s", harness::wc_str(w).c_str());
       if (w.status != IBV_WC_SUCCESS)
         die("client: op %" PRIu64 " (%s, %u bytes, %zu SGEs%s%s): completion %s", hit->op.idx,
             hit->fence ? "FENCE" : kind_name(hit->op.kind), hit->op.len, hit->sges.size(), hit->inl ? ", inline" : "",
-            hit->signaled ? "" : ", unsignaled", dp::wc_str(w).c_str());
-      if (!hit->signaled) die("client: an unsignaled WR completed: %s", dp::wc_str(w).c_str());
-      if (w.wr_id <= last_completed_seq) die("client: completions out of order: %s", dp::wc_str(w).c_str());
+            hit->signaled ? "" : ", unsignaled", harness::wc_str(w).c_str());
+      if (!hit->signaled) die("client: an unsignaled WR completed: %s", harness::wc_str(w).c_str());
+      if (w.wr_id <= last_completed_seq) die("client: completions out of order: %s", harness::wc_str(w).c_str());
       if (w.opcode != wc_opcode_of(*hit))
         die("client: op %" PRIu64 " (%s): completion opcode %d, expected %d", hit->op.idx, kind_name(hit->op.kind),
             w.opcode, wc_opcode_of(*hit));
@@ -932,14 +924,6 @@ int run_client(uint64_t seed, uint64_t max_ops, uint64_t budget_ms, uint64_t min
 // ---------------------------------------------------------------------------
 // The gtest driver
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 uint64_t env_u64(const char* name, uint64_t def) {
   const char* v = std::getenv(name);
   return v && *v ? std::strtoull(v, nullptr, 0) : def;
@@ -957,7 +941,7 @@ uint64_t field(const std::string& out, const std::string& name) {
 // shm0), so every operation crosses devices (peers found through the home's
 // device directory by LID).
 void run_pair(bool mapped, const std::string& client_device = "") {
-  auto& home = dp::Home::get();
+  auto& home = harness::Home::get();
   const uint64_t seed = env_u64("DP_SEED", 20261129) + (mapped ? 0 : 1);
   const uint64_t ops = env_u64("DP_OPS", 4000);
   const uint64_t budget_ms = env_u64("DP_BUDGET_MS", 25000);
@@ -967,14 +951,14 @@ void run_pair(bool mapped, const std::string& client_device = "") {
               client_device.empty() ? "" : ", client on ", client_device.c_str());
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child server, client;
+  std::string exe = harness::self_exe();
+  harness::Child server, client;
   auto sargs = home.run_argv({exe, "--worker", "server", "--seed", std::to_string(seed)});
   auto cargs = home.run_argv({exe, "--worker", "client", "--seed", std::to_string(seed), "--ops", std::to_string(ops),
                               "--budget-ms", std::to_string(budget_ms), "--min-ops", std::to_string(min_ops)});
-  std::string old = dp::getenv_str("SHMRDMA_MAPPED");
+  std::string old = harness::getenv_str("SHMRDMA_MAPPED");
   if (!mapped) ::setenv("SHMRDMA_MAPPED", "0", 1);
-  bool started = server.start(sargs, sv[0]) && dp::start_on(client, client_device, cargs, sv[1]);
+  bool started = server.start(sargs, {.fd3 = sv[0]}) && harness::start_on(client, client_device, cargs, {.fd3 = sv[1]});
   if (!mapped) {
     if (old.empty()) ::unsetenv("SHMRDMA_MAPPED");
     else ::setenv("SHMRDMA_MAPPED", old.c_str(), 1);
@@ -983,13 +967,13 @@ void run_pair(bool mapped, const std::string& client_device = "") {
   ::close(sv[1]);
   ASSERT_TRUE(started) << server.output() << client.output();
   // Whichever ends first: if it failed, give the other a moment, then stop it.
-  auto deadline = dp::Clock::now() + std::chrono::milliseconds(budget_ms + 60000);
-  while (!server.exited() && !client.exited() && dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + std::chrono::milliseconds(budget_ms + 60000);
+  while (!server.exited() && !client.exited() && harness::Clock::now() < deadline) {
     server.drain(0);
     client.drain(20);
   }
-  dp::RunResult c = client.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(20)));
-  dp::RunResult s = server.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(20)));
+  harness::Result c = client.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(20)));
+  harness::Result s = server.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(20)));
   std::printf("--- client ---\n%s--- server ---\n%s", c.out.c_str(), s.out.c_str());
   EXPECT_TRUE(c.ok()) << "client: " << c.describe();
   EXPECT_TRUE(s.ok()) << "server: " << s.describe();
@@ -1008,26 +992,26 @@ void run_pair(bool mapped, const std::string& client_device = "") {
 }
 
 TEST(Integrity, RandomOperationsMappedTier) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair(true);
 }
 
 TEST(Integrity, RandomOperationsCmaTier) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair(false);
 }
 
 // Server on shm0, client on shm1 of the same home: RC between two devices.
 TEST(Integrity, RandomOperationsAcrossDevices) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   std::string why;
-  ASSERT_TRUE(dp::Home::get().up_device("shm1", &why)) << why;
+  ASSERT_TRUE(harness::Home::get().up_device("shm1", &why)) << why;
   run_pair(true, "shm1");
 }
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -1046,10 +1030,5 @@ int main(int argc, char** argv) {
     if (role == "client") return run_client(seed, ops, budget, min_ops);
     die("unknown role %s", role.c_str());
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

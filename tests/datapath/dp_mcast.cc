@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
+#include "home.h"
+#include "verbs.h"
 
 namespace {
 
@@ -57,15 +58,7 @@ struct Ud {
     buf.assign(size_t{kSlots} * (kMsgLen + 40), 0);
     mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
     if (!mr) return fail("reg_mr");
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_UD;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = kSlots;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    qp = ibv_create_qp(pd, &ia);
+    qp = harness::create_qp(pd, cq, IBV_QPT_UD, 16, kSlots);
     if (!qp) return fail("create_qp");
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
@@ -98,8 +91,8 @@ struct Ud {
   // (-1 on a bad one, with err set).
   int receive(int ms, uint32_t sender_qpn, uint32_t* seq_sum) {
     int got = 0;
-    auto deadline = dp::Clock::now() + dp::Ms(ms);
-    while (dp::Clock::now() < deadline) {
+    auto deadline = harness::Clock::now() + harness::Ms(ms);
+    while (harness::Clock::now() < deadline) {
       ibv_wc wc{};
       int n = ibv_poll_cq(cq, 1, &wc);
       if (n < 0) return fail("poll_cq"), -1;
@@ -153,9 +146,9 @@ int member_main(const std::string& dir, const std::string& name, const std::stri
   // Receive until the parent says it is done (or 30 s), then 200 ms more.
   uint32_t sum = 0;
   int got = 0;
-  auto deadline = dp::Clock::now() + dp::Ms(30000);
+  auto deadline = harness::Clock::now() + harness::Ms(30000);
   bool done = false;
-  while (!done && dp::Clock::now() < deadline) {
+  while (!done && harness::Clock::now() < deadline) {
     done = std::filesystem::exists(dir + "/done");
     int n = u.receive(done ? 200 : 20, 0, &sum);
     if (n < 0) {
@@ -183,8 +176,8 @@ bool send_to_group(Ud& s, ibv_ah* ah, uint32_t seq) {
   wr.wr.ud.remote_qpn = 0xffffff;
   wr.wr.ud.remote_qkey = kQkey;
   if (ibv_post_send(s.qp, &wr, &bad)) return false;
-  auto deadline = dp::Clock::now() + dp::Ms(5000);
-  while (dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + harness::Ms(5000);
+  while (harness::Clock::now() < deadline) {
     ibv_wc wc{};
     int n = ibv_poll_cq(s.cq, 1, &wc);
     if (n < 0) return false;
@@ -214,8 +207,8 @@ bool send_to_group_loopback(Ud& s, ibv_ah* ah, uint32_t seq) {
   wr.wr.ud.remote_qkey = kQkey;
   if (ibv_post_send(s.qp, &wr, &bad)) return false;
   bool sent = false, got = false;
-  auto deadline = dp::Clock::now() + dp::Ms(5000);
-  while (!(sent && got) && dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + harness::Ms(5000);
+  while (!(sent && got) && harness::Clock::now() < deadline) {
     ibv_wc wc{};
     int n = ibv_poll_cq(s.cq, 1, &wc);
     if (n < 0) return false;
@@ -232,23 +225,23 @@ bool send_to_group_loopback(Ud& s, ibv_ah* ah, uint32_t seq) {
   return sent && got;
 }
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 TEST(Multicast, EveryAttachedQpInEveryProcessGetsEachMessageOnce) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
   std::string dir = home.path() + "/mcast";
   std::filesystem::create_directories(dir);
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  dp::Child a, b, gone;
+  harness::Child a, b, gone;
   ASSERT_TRUE(a.start(home.run_argv({self, "--member", dir, "a", "attached"})));
   ASSERT_TRUE(b.start(home.run_argv({self, "--member", dir, "b", "attached"})));
   ASSERT_TRUE(gone.start(home.run_argv({self, "--member", dir, "c", "detached"})));
-  auto deadline = dp::Clock::now() + dp::Ms(20000);
-  while (dp::Clock::now() < deadline && !(std::filesystem::exists(dir + "/ready-a") &&
+  auto deadline = harness::Clock::now() + harness::Ms(20000);
+  while (harness::Clock::now() < deadline && !(std::filesystem::exists(dir + "/ready-a") &&
                                           std::filesystem::exists(dir + "/ready-b") &&
                                           std::filesystem::exists(dir + "/ready-c")))
-    std::this_thread::sleep_for(dp::Ms(10));
+    std::this_thread::sleep_for(harness::Ms(10));
   ASSERT_TRUE(std::filesystem::exists(dir + "/ready-a") && std::filesystem::exists(dir + "/ready-b") &&
               std::filesystem::exists(dir + "/ready-c"))
       << a.output() << b.output() << gone.output();
@@ -284,18 +277,18 @@ TEST(Multicast, EveryAttachedQpInEveryProcessGetsEachMessageOnce) {
   { std::ofstream(dir + "/done") << "1"; }
 
   for (auto* c : {&a, &b}) {
-    dp::RunResult r = c->wait(dp::Clock::now() + dp::Ms(20000));
+    harness::Result r = c->wait(harness::Clock::now() + harness::Ms(20000));
     ASSERT_TRUE(r.ok()) << r.describe();
     EXPECT_NE(r.out.find("RECEIVED 11 SUM " + std::to_string(expect_sum)), std::string::npos) << r.out;
   }
-  dp::RunResult r = gone.wait(dp::Clock::now() + dp::Ms(20000));
+  harness::Result r = gone.wait(harness::Clock::now() + harness::Ms(20000));
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("RECEIVED 0 SUM 0"), std::string::npos) << "a detached QP received:\n" << r.out;
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
 }
 
 TEST(Multicast, AttachErrors) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Ud u;
   ASSERT_TRUE(u.open()) << u.err;
   ibv_gid g = group_gid();
@@ -333,10 +326,5 @@ TEST(Multicast, AttachErrors) {
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--member") return member_main(argv[2], argv[3], argv[4]);
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

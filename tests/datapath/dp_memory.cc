@@ -48,11 +48,14 @@
 #include <thread>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
 
 constexpr size_t kLen = 1u << 20;
 constexpr size_t kBigLen = 64u << 20;  // realloc: above glibc's largest mmap threshold, always mmap'd
@@ -61,17 +64,6 @@ constexpr uint8_t kOld = 0x33;      // content before the buffer was freed / re-
 constexpr uint8_t kCurrent = 0x22;  // what the owner holds when the peer reads
 constexpr uint8_t kWritten = 0x77;  // what the peer writes
 char* g_neighbor = nullptr;         // fork-neighbor
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
 
 struct Hello {
   uint32_t magic = 0x44504d45;
@@ -92,7 +84,7 @@ struct Ep {
 
 void open_ep(Ep* e) {
   std::string why;
-  e->ctx = dp::open_shm0(&why);
+  e->ctx = harness::open_shm0(&why);
   if (!e->ctx) die("%s", why.c_str());
   e->pd = ibv_alloc_pd(e->ctx);
   e->cq = e->pd ? ibv_create_cq(e->ctx, 64, nullptr, nullptr, 0) : nullptr;
@@ -111,7 +103,7 @@ void open_ep(Ep* e) {
 
 void connect_ep(Ep* e, const Hello& peer) {
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (dp::qp_to_init(e->qp, access) || dp::qp_to_rtr(e->qp, peer.qpn, peer.lid) || dp::qp_to_rts(e->qp))
+  if (harness::qp_to_init(e->qp, access) || harness::qp_to_rtr(e->qp, peer.qpn, peer.lid) || harness::qp_to_rts(e->qp))
     die("connect failed");
 }
 
@@ -350,14 +342,14 @@ int run_owner(const std::string& scenario) {
   buf[len - 1] = kCurrent;
   Hello me, peer;
   me.qpn = e.qp->qp_num;
-  me.lid = dp::port_lid(e.ctx);
+  me.lid = harness::port_lid(e.ctx);
   me.rkey = mr->rkey;
   me.addr = reinterpret_cast<uintptr_t>(buf);
   me.len = len;
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("hello");
-  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000)) die("no hello");
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("hello");
+  if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000)) die("no hello");
   connect_ep(&e, peer);
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   ctl.send_line("GO");
   std::string line;
   if (ctl.poll_line(&line, 30000) != 1) die("the peer did not report");
@@ -410,11 +402,11 @@ int run_peer() {
   if (!mr) die("ibv_reg_mr");
   Hello me, owner;
   me.qpn = e.qp->qp_num;
-  me.lid = dp::port_lid(e.ctx);
-  if (!dp::read_all(dp::kCtlFd, &owner, sizeof owner, 30000) || owner.magic != me.magic) die("no hello");
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("hello");
+  me.lid = harness::port_lid(e.ctx);
+  if (!harness::read_all(harness::kCtlFd, &owner, sizeof owner, 30000) || owner.magic != me.magic) die("no hello");
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("hello");
   connect_ep(&e, owner);
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   if (ctl.poll_line(&line, 30000) != 1 || line != "GO") die("owner not ready");
   size_t half = std::min<size_t>(kProbe, owner.len / 2);
@@ -442,8 +434,8 @@ int run_peer() {
   if (int rc = ibv_post_send(e.qp, wr, &bad)) die("ibv_post_send: %s", std::strerror(rc));
   for (int i = 0; i < 2; ++i) {
     ibv_wc wc{};
-    if (!dp::poll_one(e.cq, &wc, 10000)) die("no completion");
-    if (wc.status != IBV_WC_SUCCESS) die("completion %s", dp::wc_str(wc).c_str());
+    if (!harness::poll_one(e.cq, &wc, 10000)) die("no completion");
+    if (wc.status != IBV_WC_SUCCESS) die("completion %s", harness::wc_str(wc).c_str());
   }
   std::string result = "READ ok";
   for (size_t i = 0; i < half; ++i)
@@ -466,36 +458,25 @@ int run_peer() {
 
 // ---------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 class Memory : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // The sanitizers' allocators never put a small allocation in the pages of
   // a large one, so the scenario cannot be set up (and sanitizer builds use
   // the CMA tier, which shares no pages).
   if (std::string(GetParam()) == "fork-neighbor") GTEST_SKIP() << "not reproducible under a sanitizer's allocator";
 #endif
-  auto& home = dp::Home::get();
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), sv[0]));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()}), sv[1]));
-  ::close(sv[0]);
-  ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(60);
-  dp::RunResult o = owner.wait(deadline);
-  dp::RunResult p = peer.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(10)));
+  auto& home = harness::Home::get();
+  std::string exe = harness::self_exe();
+  harness::Child owner, peer;
+  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), peer,
+                                  home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()})))
+      << owner.output() << peer.output();
+  auto deadline = harness::Clock::now() + std::chrono::seconds(60);
+  harness::Result o = owner.wait(deadline);
+  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
   std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
   EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
   EXPECT_TRUE(p.ok()) << "peer: " << p.describe();
@@ -515,7 +496,7 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, Memory,
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -525,10 +506,5 @@ int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return role == "owner" ? run_owner(scenario) : run_peer();
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

@@ -19,103 +19,49 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
+using harness::Hello;
+using harness::poll_status;
+using harness::fnv;
 
 constexpr size_t kLen = 64 << 10;
 constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC;
-int g_failures = 0;
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
-
-#define CHECK(cond, ...)                                          \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      ++g_failures;                                               \
-      std::printf("FAIL line %d: %s: ", __LINE__, #cond);         \
-      std::printf(__VA_ARGS__);                                   \
-      std::printf("\n");                                          \
-    }                                                             \
-  } while (0)
-
-uint64_t fnv(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-struct Hello {
-  uint32_t qpn = 0;
-  uint16_t lid = 0;
-  uint16_t pad = 0;
-};
-
-Hello exchange(ibv_context* ctx, ibv_qp* qp) {
-  Hello me{qp->qp_num, dp::port_lid(ctx), 0}, peer{};
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me) || !dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000))
-    die("hello exchange");
-  return peer;
-}
 
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
-  return dp::qp_to_init(qp, kQpAccess) == 0 && dp::qp_to_rtr(qp, peer.qpn, peer.lid) == 0 && dp::qp_to_rts(qp) == 0;
+  return harness::connect_qp(qp, peer.qpn, peer.lid, kQpAccess) == 0;
 }
 
-bool reconnect(ibv_qp* qp, const Hello& peer) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RESET;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0 && connect_qp(qp, peer);
-}
-
-// Drains one completion of `cq`: its status, or -1 on timeout.
-int poll_status(ibv_cq* cq, ibv_wc* out = nullptr) {
-  ibv_wc wc{};
-  if (!dp::poll_one(cq, &wc)) return -1;
-  if (out) *out = wc;
-  return wc.status;
-}
+bool reconnect(ibv_qp* qp, const Hello& peer) { return harness::qp_to_reset(qp) == 0 && connect_qp(qp, peer); }
 
 // ------------------------------------------------------------------ peer
 
 int run_peer() {
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
+  ibv_context* ctx = harness::open_shm0(&why);
   if (!ctx) die("%s", why.c_str());
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("pd/cq");
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq;
-  ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap.max_send_wr = 8;
-  ia.cap.max_recv_wr = 8;
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &ia);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 8, 8);
   if (!qp) die("ibv_create_qp");
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, kLen));
   ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
   if (!mr) die("ibv_reg_mr");
-  Hello owner = exchange(ctx, qp);
+  Hello owner = harness::exchange_hello(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   for (;;) {
     if (ctl.poll_line(&line, 60000) != 1) die("no command");
@@ -180,7 +126,7 @@ struct Owner {
   ibv_mr* mr_nobind = nullptr;
   ibv_mr* mr_nolw = nullptr;  // REMOTE_READ | MW_BIND, no LOCAL_WRITE
   Hello peer;
-  dp::LineReader ctl{dp::kCtlFd};
+  harness::LineReader ctl{harness::kCtlFd};
 
   // Runs a peer command: the completion status (and the READ's hash).
   int cmd(const std::string& c, uint64_t* hash = nullptr) {
@@ -193,14 +139,20 @@ struct Owner {
     if (hash) *hash = h;
     return st;
   }
+  // The peer's RDMA WRITE / READ at remote address `addr` (a zero-based
+  // window or MR: an offset), or at the address of `p`.
+  int write_at(uint32_t rkey, uint64_t addr, size_t len, uint8_t byte) {
+    return cmd("write " + std::to_string(rkey) + " " + std::to_string(addr) + " " + std::to_string(len) + " " +
+               std::to_string(byte));
+  }
+  int read_at(uint32_t rkey, uint64_t addr, size_t len, uint64_t* hash = nullptr) {
+    return cmd("read " + std::to_string(rkey) + " " + std::to_string(addr) + " " + std::to_string(len) + " 0", hash);
+  }
   int write(uint32_t rkey, const uint8_t* p, size_t len, uint8_t byte) {
-    return cmd("write " + std::to_string(rkey) + " " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " " +
-               std::to_string(len) + " " + std::to_string(byte));
+    return write_at(rkey, reinterpret_cast<uintptr_t>(p), len, byte);
   }
   int read(uint32_t rkey, const uint8_t* p, size_t len, uint64_t* hash = nullptr) {
-    return cmd("read " + std::to_string(rkey) + " " + std::to_string(reinterpret_cast<uintptr_t>(p)) + " " +
-                   std::to_string(len) + " 0",
-               hash);
+    return read_at(rkey, reinterpret_cast<uintptr_t>(p), len, hash);
   }
   void fill() {
     for (size_t i = 0; i < kLen; ++i) buf[i] = static_cast<uint8_t>(i * 7 + 3);
@@ -259,7 +211,7 @@ struct Owner {
 int run_owner() {
   Owner o;
   std::string why;
-  o.ctx = dp::open_shm0(&why);
+  o.ctx = harness::open_shm0(&why);
   if (!o.ctx) die("%s", why.c_str());
   ibv_device_attr da{};
   if (ibv_query_device(o.ctx, &da)) die("query_device");
@@ -321,7 +273,7 @@ int run_owner() {
   o.mr_nobind = ibv_reg_mr(o.pd, o.buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
   o.mr_nolw = ibv_reg_mr(o.pd, o.buf, kLen, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND);
   if (!o.mr || !o.mr_nobind || !o.mr_nolw) die("reg_mr: %s", std::strerror(errno));
-  o.peer = exchange(o.ctx, o.qp);
+  o.peer = harness::exchange_hello(o.ctx, o.qp);
   if (!connect_qp(o.qp, o.peer) || !connect_qp(o.eqp, o.peer)) die("connect");
 
   uint8_t* const w1 = o.buf + 4096;  // type 1 window: [w1, w1 + 8192)
@@ -402,7 +354,7 @@ int run_owner() {
     CHECK(ibv_wr_complete(o.qpx) == 0, "ibv_wr_complete (bind)");
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 21,
-          "ibv_wr_bind_mw completion %s", dp::wc_str(wc).c_str());
+          "ibv_wr_bind_mw completion %s", harness::wc_str(wc).c_str());
   }
   CHECK(o.read(k2b, w2, kW2, &h) == IBV_WC_SUCCESS && h == fnv(w2, kW2), "READ after ibv_wr_bind_mw");
   CHECK(o.read(k2a, w2, 16) == IBV_WC_REM_ACCESS_ERR, "READ with the invalidated key");
@@ -425,7 +377,7 @@ int run_owner() {
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.wr_id == 31 && wc.opcode == IBV_WC_RECV &&
               (wc.wc_flags & IBV_WC_WITH_INV) && wc.invalidated_rkey == k2b && wc.byte_len == 16,
-          "receive of SEND_WITH_INV: %s, invalidated_rkey 0x%x (want 0x%x)", dp::wc_str(wc).c_str(),
+          "receive of SEND_WITH_INV: %s, invalidated_rkey 0x%x (want 0x%x)", harness::wc_str(wc).c_str(),
           wc.invalidated_rkey, k2b);
     CHECK(o.buf[0] == 0x42 && o.buf[15] == 0x42, "SEND_WITH_INV payload");
   }
@@ -460,7 +412,95 @@ int run_owner() {
     CHECK(o.cmd("sendinv " + std::to_string(k2c)) == IBV_WC_REM_INV_REQ_ERR, "SEND_WITH_INV of an invalidated key");
     ibv_wc wc{};
     CHECK(poll_status(o.cq, &wc) == IBV_WC_REM_INV_REQ_ERR && wc.wr_id == 32, "receive of a bad SEND_WITH_INV: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
+  }
+
+  // ---- zero-based: a type 2 window bound with IBV_ACCESS_ZERO_BASED takes
+  // offsets from its start as remote addresses; type 1 windows cannot be
+  // zero based (o10-36.2.2: ibv_bind_mw refuses it with EINVAL, as mlx5).
+  {
+    CHECK(reconnect(o.qp, o.peer), "reconnect after the bad SEND_WITH_INV");
+    o.fill();
+    uint8_t* const wz = w2 + 512;
+    constexpr size_t kWz = 2048;
+    const uint32_t k2d = ibv_inc_rkey(k2c);
+    CHECK(o.bind2(o.qp, o.cq, mw2, k2d, wz, kWz,
+                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ZERO_BASED) == IBV_WC_SUCCESS,
+          "zero-based type 2 bind");
+    CHECK(o.read_at(k2d, 0, kWz, &h) == IBV_WC_SUCCESS && h == fnv(wz, kWz), "READ of the whole zero-based window");
+    CHECK(o.read_at(k2d, 1000, 48, &h) == IBV_WC_SUCCESS && h == fnv(wz + 1000, 48), "READ at offset 1000");
+    CHECK(o.write_at(k2d, 100, 50, 0x66) == IBV_WC_SUCCESS, "WRITE at offset 100");
+    bool ok = wz[99] == static_cast<uint8_t>((32768 + 512 + 99) * 7 + 3) &&
+              wz[150] == static_cast<uint8_t>((32768 + 512 + 150) * 7 + 3);
+    for (size_t i = 100; i < 150; ++i) ok = ok && wz[i] == 0x66;
+    CHECK(ok, "the zero-based WRITE changed exactly bytes 100..149 of the window");
+    CHECK(o.read_at(k2d, kWz - 8, 16) == IBV_WC_REM_ACCESS_ERR, "READ past the end of the zero-based window");
+    CHECK(o.write_at(k2d, reinterpret_cast<uintptr_t>(wz), 8, 0x67) == IBV_WC_REM_ACCESS_ERR && wz[0] != 0x67,
+          "WRITE at the window's virtual address (not an offset)");
+    CHECK(o.local_inv(o.qp, o.cq, k2d) == IBV_WC_SUCCESS, "LOCAL_INV of the zero-based window");
+    CHECK(o.read_at(k2d, 0, 16) == IBV_WC_REM_ACCESS_ERR, "READ after LOCAL_INV of the zero-based window");
+    // Rebound without ZERO_BASED, the same window takes virtual addresses again.
+    const uint32_t k2e = ibv_inc_rkey(k2d);
+    CHECK(o.bind2(o.qp, o.cq, mw2, k2e, wz, kWz, IBV_ACCESS_REMOTE_READ) == IBV_WC_SUCCESS, "type 2 rebind, not zero based");
+    CHECK(o.read(k2e, wz, 64, &h) == IBV_WC_SUCCESS && h == fnv(wz, 64), "READ at the virtual address after the rebind");
+    CHECK(o.read_at(k2e, 0, 16) == IBV_WC_REM_ACCESS_ERR, "READ at offset 0 after the rebind");
+    CHECK(o.local_inv(o.qp, o.cq, k2e) == IBV_WC_SUCCESS, "LOCAL_INV");
+    const uint32_t key_before = mw1->rkey;
+    CHECK(o.bind1(o.qp, o.cq, mw1, o.mr, w1, 64, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ZERO_BASED) == 1000 + EINVAL &&
+              mw1->rkey == key_before,
+          "zero-based type 1 bind: EINVAL, key unchanged");
+  }
+
+  // ---- zero-based MRs and MRs at an iova of the caller's choice (ibv_reg_mr_iova).
+  {
+    o.fill();
+    const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    ibv_mr* zmr = ibv_reg_mr(o.pd, o.buf + 8192, 8192, acc | IBV_ACCESS_ZERO_BASED);
+    CHECK(zmr != nullptr, "reg_mr ZERO_BASED: %s", std::strerror(errno));
+    if (zmr) {
+      CHECK(o.read_at(zmr->rkey, 0, 8192, &h) == IBV_WC_SUCCESS && h == fnv(o.buf + 8192, 8192),
+            "READ of a zero-based MR at offset 0");
+      CHECK(o.write_at(zmr->rkey, 4000, 96, 0x5b) == IBV_WC_SUCCESS && o.buf[8192 + 4000] == 0x5b &&
+                o.buf[8192 + 4095] == 0x5b && o.buf[8192 + 4096] != 0x5b,
+            "WRITE of a zero-based MR at offset 4000");
+      CHECK(o.read_at(zmr->rkey, 8190, 4) == IBV_WC_REM_ACCESS_ERR, "READ past a zero-based MR");
+      CHECK(o.read(zmr->rkey, o.buf + 8192, 16) == IBV_WC_REM_ACCESS_ERR, "READ of a zero-based MR at its virtual address");
+      ibv_mw* zw = ibv_alloc_mw(o.pd, IBV_MW_TYPE_2);
+      CHECK(zw != nullptr, "alloc_mw");
+      ibv_mr* zbind = ibv_reg_mr(o.pd, o.buf + 8192, 8192, acc | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED);
+      CHECK(zbind != nullptr, "reg_mr ZERO_BASED | MW_BIND");
+      if (zw && zbind) {
+        ibv_send_wr wr{};
+        wr.wr_id = 14;
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.bind_mw.mw = zw;
+        wr.bind_mw.rkey = ibv_inc_rkey(zw->rkey);
+        wr.bind_mw.bind_info.mr = zbind;
+        wr.bind_mw.bind_info.addr = 0;
+        wr.bind_mw.bind_info.length = 64;
+        wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+        ibv_send_wr* bad = nullptr;
+        CHECK(ibv_post_send(o.qp, &wr, &bad) == 0, "post bind over a zero-based MR");
+        CHECK(poll_status(o.cq) == IBV_WC_MW_BIND_ERR, "a window over a zero-based MR: IBV_WC_MW_BIND_ERR (as rxe)");
+        CHECK(reconnect(o.qp, o.peer), "reconnect after the bind error");
+      }
+      CHECK(!zw || ibv_dealloc_mw(zw) == 0, "dealloc_mw");
+      CHECK(!zbind || ibv_dereg_mr(zbind) == 0, "dereg zero-based MW_BIND MR");
+      CHECK(ibv_dereg_mr(zmr) == 0, "dereg zero-based MR");
+    }
+    constexpr uint64_t kIova = 0x7000'0000'0000ull;
+    ibv_mr* imr = ibv_reg_mr_iova(o.pd, o.buf + 16384, 4096, kIova, acc);
+    CHECK(imr != nullptr, "reg_mr_iova: %s", std::strerror(errno));
+    if (imr) {
+      CHECK(o.read_at(imr->rkey, kIova + 100, 200, &h) == IBV_WC_SUCCESS && h == fnv(o.buf + 16384 + 100, 200),
+            "READ at iova + 100");
+      CHECK(o.write_at(imr->rkey, kIova + 4095, 1, 0x5c) == IBV_WC_SUCCESS && o.buf[16384 + 4095] == 0x5c,
+            "WRITE of the last byte at iova + 4095");
+      CHECK(o.read_at(imr->rkey, kIova + 4095, 2) == IBV_WC_REM_ACCESS_ERR, "READ past iova + length");
+      CHECK(o.read(imr->rkey, o.buf + 16384, 16) == IBV_WC_REM_ACCESS_ERR, "READ at the buffer's address, not the iova");
+      CHECK(ibv_dereg_mr(imr) == 0, "dereg iova MR");
+    }
   }
 
   // ---- bind errors (each moves eqp to ERR; it is reset after each).
@@ -501,34 +541,23 @@ int run_owner() {
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_dealloc_pd(o.pd2) == 0, "dealloc_pd");
   CHECK(ibv_close_device(o.ctx) == 0, "close");
   std::free(o.buf);
-  std::printf("OWNER done: %d failure(s)\n", g_failures);
-  return g_failures ? 1 : 0;
+  std::printf("OWNER done: %d failure(s)\n", harness::check_failures);
+  return harness::check_failures ? 1 : 0;
 }
 
 // ---------------------------------------------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 TEST(MemoryWindows, Type1Type2InvalidateAndErrors) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child owner, peer;
-  ASSERT_TRUE(owner.start(home.run_argv({exe, "--worker", "owner"}), sv[0]));
-  ASSERT_TRUE(peer.start(home.run_argv({exe, "--worker", "peer"}), sv[1]));
-  ::close(sv[0]);
-  ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(90);
-  dp::RunResult o = owner.wait(deadline);
-  dp::RunResult p = peer.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(10)));
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
+  std::string exe = harness::self_exe();
+  harness::Child owner, peer;
+  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner"}), peer,
+                                  home.run_argv({exe, "--worker", "peer"})))
+      << owner.output() << peer.output();
+  auto deadline = harness::Clock::now() + std::chrono::seconds(90);
+  harness::Result o = owner.wait(deadline);
+  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
   std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
   EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
   EXPECT_NE(o.out.find("OWNER done: 0 failure(s)"), std::string::npos) << o.out;
@@ -539,17 +568,12 @@ TEST(MemoryWindows, Type1Type2InvalidateAndErrors) {
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return std::string(argv[2]) == "owner" ? run_owner() : run_peer();
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
 
 namespace {
 
@@ -87,7 +87,7 @@ struct Ep {
 
   void open() {
     std::string why;
-    ctx = dp::open_shm0(&why);
+    ctx = harness::open_shm0(&why);
     REQUIRE(ctx, "open: %s", why.c_str());
     ibv_port_attr pa{};
     REQUIRE(ibv_query_port(ctx, 1, &pa) == 0, "ibv_query_port");
@@ -110,15 +110,7 @@ struct Ep {
     return g;
   }
   ibv_qp* qp(ibv_qp_type type) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = type;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 64;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    ibv_qp* q = ibv_create_qp(pd, &ia);
+    ibv_qp* q = harness::create_qp(pd, cq, type, 64, 64);
     REQUIRE(q, "ibv_create_qp: %s", std::strerror(errno));
     return q;
   }
@@ -155,8 +147,8 @@ void ud_up(ibv_qp* q, uint32_t qkey) {
 // INIT, then RTR with a GRH path to (dgid, dest_qpn): the modify's result.
 int rc_to_rtr(ibv_qp* q, uint32_t dest_qpn, const uint8_t dgid[16], int sgid_index, bool global = true) {
   ibv_qp_attr a{};
-  if (dp::qp_state(q) == IBV_QPS_RESET) {
-    int rc = dp::qp_to_init(q, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+  if (harness::qp_state(q) == IBV_QPS_RESET) {
+    int rc = harness::qp_to_init(q, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                    IBV_ACCESS_REMOTE_ATOMIC);
     REQUIRE(rc == 0, "RC INIT: %d", rc);
   }
@@ -209,13 +201,13 @@ void post_recv(ibv_qp* q, ibv_sge sg, uint64_t wr_id) {
 
 ibv_wc wait_wc(ibv_cq* cq, const char* what, int ms = kWaitMs) {
   ibv_wc wc{};
-  REQUIRE(dp::poll_one(cq, &wc, ms), "%s: no completion within %d ms", what, ms);
+  REQUIRE(harness::poll_one(cq, &wc, ms), "%s: no completion within %d ms", what, ms);
   return wc;
 }
 
 void expect_silence(ibv_cq* cq, const char* what, int ms = 300) {
   ibv_wc wc{};
-  REQUIRE(!dp::poll_one(cq, &wc, ms), "%s: unexpected completion %s", what, dp::wc_str(wc).c_str());
+  REQUIRE(!harness::poll_one(cq, &wc, ms), "%s: unexpected completion %s", what, harness::wc_str(wc).c_str());
 }
 
 void fill(uint8_t* p, size_t n, uint32_t seed) {
@@ -246,24 +238,24 @@ int errors_worker() {
   REQUIRE(r == EINVAL, "modify_qp RTR without GRH: %d, want EINVAL", r);
   r = rc_to_rtr(rc, 0x10000, unknown, 9);
   REQUIRE(r == EINVAL, "modify_qp RTR with sgid_index 9: %d, want EINVAL", r);
-  REQUIRE(dp::qp_state(rc) == IBV_QPS_INIT, "a refused modify changed the state to %d", dp::qp_state(rc));
+  REQUIRE(harness::qp_state(rc) == IBV_QPS_INIT, "a refused modify changed the state to %d", harness::qp_state(rc));
   // RC to a GID no device holds, and to the zero GID: unreachable.
   for (const uint8_t* dgid : {static_cast<const uint8_t*>(unknown), static_cast<const uint8_t*>(zero)}) {
     ibv_qp* q = e.qp(IBV_QPT_RC);
     r = rc_to_rtr(q, 0x10000, dgid, 1);
     REQUIRE(r == 0, "modify_qp RTR to %s: %d", hex(dgid, 16).c_str(), r);
-    REQUIRE(dp::qp_to_rts(q, 7, 10, 2) == 0, "RTS");
+    REQUIRE(harness::qp_to_rts(q, 7, 10, 2) == 0, "RTS");
     REQUIRE(post_send(q, IBV_WR_SEND, e.sge(0, 64), 1) == 0, "post_send");
     ibv_wc wc = wait_wc(e.cq, "RC send to an unknown GID");
     REQUIRE(wc.status == IBV_WC_RETRY_EXC_ERR, "RC to %s: %s, want RETRY_EXC_ERR", hex(dgid, 16).c_str(),
-            dp::wc_str(wc).c_str());
+            harness::wc_str(wc).c_str());
   }
   // UD to an unknown GID: completes, silently dropped.
   ibv_qp* ud = e.qp(IBV_QPT_UD);
   ud_up(ud, 0x11111111);
   REQUIRE(post_send(ud, IBV_WR_SEND, e.sge(0, 64), 2, ah, 0x10000) == 0, "UD post_send");
   ibv_wc wc = wait_wc(e.cq, "UD send to an unknown GID");
-  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2, "UD to an unknown GID: %s", dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2, "UD to an unknown GID: %s", harness::wc_str(wc).c_str());
   expect_silence(e.cq, "after the UD send");
   // A UD message is one packet: at most the active MTU (1024 on a veth of
   // MTU 1500).
@@ -273,7 +265,7 @@ int errors_worker() {
   REQUIRE(post_send(ud, IBV_WR_SEND, e.sge(0, 1025), 3, ah, 0x10000) == 0, "UD post_send 1025 bytes");
   wc = wait_wc(e.cq, "UD send over the MTU");
   REQUIRE(wc.status == IBV_WC_LOC_LEN_ERR && wc.wr_id == 3, "UD send of 1025 bytes: %s, want LOC_LEN_ERR",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
   std::printf("ERRORS OK\n");
   return 0;
 }
@@ -288,14 +280,14 @@ struct Hello {
 };
 Hello exchange(const Hello& me) {
   Hello peer;
-  REQUIRE(dp::write_all(dp::kCtlFd, &me, sizeof me), "hello: write");
-  REQUIRE(dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000) && peer.magic == me.magic, "hello: read");
+  REQUIRE(harness::write_all(harness::kCtlFd, &me, sizeof me), "hello: write");
+  REQUIRE(harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000) && peer.magic == me.magic, "hello: read");
   return peer;
 }
-void say(char c) { REQUIRE(dp::write_all(dp::kCtlFd, &c, 1), "say %c", c); }
+void say(char c) { REQUIRE(harness::write_all(harness::kCtlFd, &c, 1), "say %c", c); }
 void hear(char want) {
   char c = 0;
-  REQUIRE(dp::read_all(dp::kCtlFd, &c, 1, 60000) && c == want, "waited for '%c', got '%c'", want, c ? c : '-');
+  REQUIRE(harness::read_all(harness::kCtlFd, &c, 1, 60000) && c == want, "waited for '%c', got '%c'", want, c ? c : '-');
 }
 
 constexpr int kUdMsgs = 6;
@@ -332,7 +324,7 @@ void check_v4_grh(const uint8_t* g, const uint8_t sgid[16], const uint8_t dgid[1
 constexpr uint8_t kPktV2Ipv4 = 0xa, kPktV2Ipv6 = 0x9;
 
 void check_ud_wc(const ibv_wc& wc, uint32_t src_qp, uint32_t len, const char* what, uint8_t want_sl = kPktV2Ipv4) {
-  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV, "%s: %s", what, dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV, "%s: %s", what, harness::wc_str(wc).c_str());
   REQUIRE(wc.wc_flags & IBV_WC_GRH, "%s: no IBV_WC_GRH", what);
   REQUIRE(wc.slid == 0, "%s: slid %u, want 0 on Ethernet", what, wc.slid);
   REQUIRE(wc.sl == want_sl, "%s: sl %#x, want the RoCE packet type %#x", what, wc.sl, want_sl);
@@ -348,8 +340,8 @@ int pair_server() {
   e.open();
   // A second address: GID index 2 (what the client's last RC and UD use,
   // removed at the end). Our device's table is refreshed by `shmrdma up`.
-  const std::string bin = dp::getenv_str("SHMRDMA_BIN"), home = dp::getenv_str("DP_ROCE_HOME"),
-                    ifn = dp::getenv_str("DP_ROCE_IF"), dev = dp::getenv_str("DP_DEVICE");
+  const std::string bin = harness::getenv_str("SHMRDMA_BIN"), home = harness::getenv_str("DP_ROCE_HOME"),
+                    ifn = harness::getenv_str("DP_ROCE_IF"), dev = harness::getenv_str("DP_DEVICE");
   // `ip` runs without our preloaded shim: in a sanitizer build the shim
   // brings the sanitizer's runtime into `ip`, whose own leaks it then reports.
   std::string cmd = "env -u LD_PRELOAD ip addr add 198.18.0.3/24 dev " + ifn + " && " + bin + " --home " + home + " up --name " + dev +
@@ -390,7 +382,7 @@ int pair_server() {
   fill(e.buf + 64 * 1024, 500, 77);
   REQUIRE(post_send(ud, IBV_WR_SEND, e.sge(64 * 1024, 500), 7, back, last.src_qp) == 0, "reply");
   ibv_wc wc = wait_wc(e.cq, "the reply's send completion");
-  REQUIRE(wc.status == IBV_WC_SUCCESS, "reply: %s", dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS, "reply: %s", harness::wc_str(wc).c_str());
   hear('R');
   // Multicast: attach, let the client send to both groups, one message each.
   uint8_t mgid4[16];
@@ -411,12 +403,12 @@ int pair_server() {
   expect_silence(e.cq, "after the multicast messages (each group once)");
   // RC over GIDs: the client connects to our GID index 2 (removed later).
   REQUIRE(rc_to_rtr(rc, cl.rc_qpn, cl.gid1, 2) == 0, "server RC RTR");
-  REQUIRE(dp::qp_to_rts(rc, 7, 10, 2) == 0, "server RC RTS");
+  REQUIRE(harness::qp_to_rts(rc, 7, 10, 2) == 0, "server RC RTS");
   post_recv(rc, e.sge(128 * 1024, 65536), 300);
   say('C');
   wc = wait_wc(e.cq, "the RC SEND");
   REQUIRE(wc.status == IBV_WC_SUCCESS && wc.byte_len == 40000 && wc.wr_id == 300, "RC SEND: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
   REQUIRE(same_pattern(e.buf + 128 * 1024, 40000, 9), "RC SEND payload differs");
   hear('W');
   REQUIRE(same_pattern(e.buf + 256 * 1024, 30000, 10), "RC WRITE payload differs");
@@ -462,7 +454,7 @@ int pair_client() {
       reply = wc;
       wc = wait_wc(e.cq, "a UD send completion");
     }
-    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == uint64_t(i), "UD send %d: %s", i, dp::wc_str(wc).c_str());
+    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == uint64_t(i), "UD send %d: %s", i, harness::wc_str(wc).c_str());
   }
   ibv_wc wc = reply.wr_id == 900 ? reply : wait_wc(e.cq, "the server's reply");
   REQUIRE(wc.wr_id == 900, "reply wr_id %llu", (unsigned long long)wc.wr_id);
@@ -491,7 +483,7 @@ int pair_client() {
     for (int k = 0; k < 2; ++k) {
       ibv_wc m = wait_wc(e.cq, "multicast completions");
       if (m.wr_id == uint64_t(20 + i)) {
-        REQUIRE(m.status == IBV_WC_SUCCESS, "multicast send: %s", dp::wc_str(m).c_str());
+        REQUIRE(m.status == IBV_WC_SUCCESS, "multicast send: %s", harness::wc_str(m).c_str());
         sent = true;
       } else {
         REQUIRE(m.qp_num == ud2->qp_num, "multicast arrived at QP %u", m.qp_num);
@@ -505,29 +497,29 @@ int pair_client() {
   // RC over GIDs, to the server's GID index 2.
   hear('C');
   REQUIRE(rc_to_rtr(rc, sv.rc_qpn, sv.gid2, 1) == 0, "client RC RTR");
-  REQUIRE(dp::qp_to_rts(rc, 7, 10, 2) == 0, "client RC RTS");
+  REQUIRE(harness::qp_to_rts(rc, 7, 10, 2) == 0, "client RC RTS");
   fill(e.buf, 40000, 9);
   REQUIRE(post_send(rc, IBV_WR_SEND, e.sge(0, 40000), 1) == 0, "RC SEND");
   wc = wait_wc(e.cq, "RC SEND completion");
-  REQUIRE(wc.status == IBV_WC_SUCCESS, "RC SEND: %s", dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS, "RC SEND: %s", harness::wc_str(wc).c_str());
   fill(e.buf + 64 * 1024, 30000, 10);
   REQUIRE(post_send(rc, IBV_WR_RDMA_WRITE, e.sge(64 * 1024, 30000), 2, nullptr, 0, sv.addr + 256 * 1024, sv.rkey) == 0,
           "RC WRITE");
   wc = wait_wc(e.cq, "RC WRITE completion");
-  REQUIRE(wc.status == IBV_WC_SUCCESS, "RC WRITE: %s", dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS, "RC WRITE: %s", harness::wc_str(wc).c_str());
   std::memset(e.buf + 128 * 1024, 0, 30000);
   REQUIRE(post_send(rc, IBV_WR_RDMA_READ, e.sge(128 * 1024, 30000), 3, nullptr, 0, sv.addr + 256 * 1024, sv.rkey) == 0,
           "RC READ");
   wc = wait_wc(e.cq, "RC READ completion");
   REQUIRE(wc.status == IBV_WC_SUCCESS && same_pattern(e.buf + 128 * 1024, 30000, 10), "RC READ: %s",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
   uint64_t before = ~0ull;  // the server's word at +1000 KiB starts 0
   REQUIRE(post_send(rc, IBV_WR_ATOMIC_FETCH_AND_ADD, e.sge(256 * 1024, 8), 4, nullptr, 0, sv.addr + 1000 * 1024,
                     sv.rkey) == 0,
           "RC FETCH_ADD");
   wc = wait_wc(e.cq, "RC FETCH_ADD completion");
   std::memcpy(&before, e.buf + 256 * 1024, 8);
-  REQUIRE(wc.status == IBV_WC_SUCCESS && before == 0, "FETCH_ADD: %s, old %llu", dp::wc_str(wc).c_str(),
+  REQUIRE(wc.status == IBV_WC_SUCCESS && before == 0, "FETCH_ADD: %s, old %llu", harness::wc_str(wc).c_str(),
           (unsigned long long)before);
   say('W');
   hear('X');
@@ -535,12 +527,12 @@ int pair_client() {
   REQUIRE(post_send(rc, IBV_WR_RDMA_WRITE, e.sge(64 * 1024, 100), 5, nullptr, 0, sv.addr, sv.rkey) == 0, "RC WRITE");
   wc = wait_wc(e.cq, "RC WRITE to a removed GID");
   REQUIRE(wc.status == IBV_WC_RETRY_EXC_ERR && wc.wr_id == 5, "RC WRITE to a removed GID: %s, want RETRY_EXC_ERR",
-          dp::wc_str(wc).c_str());
+          harness::wc_str(wc).c_str());
   ibv_ah* gone = e.ah(sv.gid2, 1);
   REQUIRE(gone, "ibv_create_ah");
   REQUIRE(post_send(ud, IBV_WR_SEND, e.sge(0, 64), 6, gone, sv.ud_qpn) == 0, "UD send");
   wc = wait_wc(e.cq, "UD send to a removed GID");
-  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 6, "UD send to a removed GID: %s", dp::wc_str(wc).c_str());
+  REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 6, "UD send to a removed GID: %s", harness::wc_str(wc).c_str());
   say('D');
   std::printf("CLIENT OK\n");
   return 0;
@@ -561,7 +553,7 @@ struct Net {
       skip = "not root: namespaces and `shmrdma up` need root";
       return;
     }
-    const std::string bin = dp::getenv_str("SHMRDMA_BIN");
+    const std::string bin = harness::getenv_str("SHMRDMA_BIN");
     if (bin.empty()) {
       fail = "SHMRDMA_BIN is not set";
       return;
@@ -607,7 +599,7 @@ struct Net {
     undo.clear();
   }
   std::vector<std::string> run_argv(const std::string& ns, std::vector<std::string> args) const {
-    std::vector<std::string> v = {"ip", "netns", "exec", ns, dp::getenv_str("SHMRDMA_BIN"), "--home", home, "run", "--"};
+    std::vector<std::string> v = {"ip", "netns", "exec", ns, harness::getenv_str("SHMRDMA_BIN"), "--home", home, "run", "--"};
     v.insert(v.end(), args.begin(), args.end());
     return v;
   }
@@ -631,14 +623,6 @@ const auto* const kNetEnv [[maybe_unused]] = ::testing::AddGlobalTestEnvironment
     ASSERT_TRUE(net().ok) << "network setup failed: " << net().fail; \
   } while (0)
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 // Runs a server in nsB (on roceB) and a client in nsA (on roceA) with a
 // socketpair as fd 3 of both; both must exit 0 and print `ok_text`.
 void run_pair(const std::vector<std::string>& server_args, const std::vector<std::string>& client_args,
@@ -648,19 +632,19 @@ void run_pair(const std::vector<std::string>& server_args, const std::vector<std
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   ::setenv("DP_ROCE_HOME", n.home.c_str(), 1);
   ::setenv("DP_ROCE_IF", n.veth_b.c_str(), 1);
-  dp::Child server, client;
-  bool started = dp::start_on(server, n.dev_b, n.run_argv(n.ns_b, server_args), sv[0]) &&
-                 dp::start_on(client, n.dev_a, n.run_argv(n.ns_a, client_args), sv[1]);
+  harness::Child server, client;
+  bool started = harness::start_on(server, n.dev_b, n.run_argv(n.ns_b, server_args), {.fd3 = sv[0]}) &&
+                 harness::start_on(client, n.dev_a, n.run_argv(n.ns_a, client_args), {.fd3 = sv[1]});
   ::close(sv[0]);
   ::close(sv[1]);
   ASSERT_TRUE(started) << server.output() << client.output();
-  auto deadline = dp::Clock::now() + std::chrono::seconds(budget_s);
-  while (!server.exited() && !client.exited() && dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + std::chrono::seconds(budget_s);
+  while (!server.exited() && !client.exited() && harness::Clock::now() < deadline) {
     server.drain(0);
     client.drain(20);
   }
-  dp::RunResult c = client.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(30)));
-  dp::RunResult s = server.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(30)));
+  harness::Result c = client.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(30)));
+  harness::Result s = server.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(30)));
   std::printf("--- server ---\n%s--- client ---\n%s", s.out.c_str(), c.out.c_str());
   EXPECT_TRUE(s.ok()) << "server: " << s.describe();
   EXPECT_TRUE(c.ok()) << "client: " << c.describe();
@@ -670,9 +654,9 @@ void run_pair(const std::vector<std::string>& server_args, const std::vector<std
 
 TEST(Roce, ErrorsGrhSgidIndexUnknownGid) {
   REQUIRE_NET();
-  dp::Child w;
-  ASSERT_TRUE(dp::start_on(w, net().dev_a, net().run_argv(net().ns_a, {self_exe(), "--worker", "errors"})));
-  dp::RunResult r = w.wait(dp::Clock::now() + std::chrono::seconds(60));
+  harness::Child w;
+  ASSERT_TRUE(harness::start_on(w, net().dev_a, net().run_argv(net().ns_a, {harness::self_exe(), "--worker", "errors"})));
+  harness::Result r = w.wait(harness::Clock::now() + std::chrono::seconds(60));
   std::printf("%s", r.out.c_str());
   EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("ERRORS OK"), std::string::npos);
@@ -680,13 +664,13 @@ TEST(Roce, ErrorsGrhSgidIndexUnknownGid) {
 
 TEST(Roce, UdGrhMulticastRcAndRemovedGid) {
   REQUIRE_NET();
-  run_pair({self_exe(), "--worker", "server"}, {self_exe(), "--worker", "client"}, "SERVER OK", "CLIENT OK");
+  run_pair({harness::self_exe(), "--worker", "server"}, {harness::self_exe(), "--worker", "client"}, "SERVER OK", "CLIENT OK");
 }
 
 // dp_integrity's workers over GIDs ($DP_GID_INDEX), one per namespace.
 TEST(Roce, IntegrityOverGids) {
   REQUIRE_NET();
-  const std::string exe = dp::getenv_str("DP_INTEGRITY_BIN");
+  const std::string exe = harness::getenv_str("DP_INTEGRITY_BIN");
   ASSERT_FALSE(exe.empty()) << "DP_INTEGRITY_BIN is not set (meson passes dp_integrity's path)";
   ::setenv("DP_GID_INDEX", "1", 1);
   run_pair({exe, "--worker", "server", "--seed", "20261201"},

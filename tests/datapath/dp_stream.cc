@@ -31,11 +31,14 @@
 #include <thread>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
+#include "worker.h"
 
 namespace {
+
+using harness::die;
 
 using Clock = std::chrono::steady_clock;
 
@@ -47,17 +50,6 @@ constexpr uint32_t kOut = 16;          // sends outstanding per QP (< kSrc)
 constexpr uint32_t kWslots = 32;       // write-target slots per QP (> kRecv)
 constexpr uint32_t kGuard = 64;
 constexpr uint8_t kCanary = 0xC3;
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FAIL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
-  va_end(ap);
-  std::_Exit(1);
-}
 
 uint64_t fmix64(uint64_t k) {
   k ^= k >> 33;
@@ -140,7 +132,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
   const int side = name == "a" ? 0 : 1;
   if (nqps < 1 || nqps > kMaxQps || nthreads < 1) die("bad arguments");
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
+  ibv_context* ctx = harness::open_shm0(&why);
   if (!ctx) die("%s", why.c_str());
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 8192, nullptr, nullptr, 0) : nullptr;
@@ -155,18 +147,10 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
   std::vector<QpState> q(nqps);
   Hello me;
   me.nqps = nqps;
-  me.lid = dp::port_lid(ctx);
+  me.lid = harness::port_lid(ctx);
   me.rkey = mr->rkey;
   for (uint32_t i = 0; i < nqps; ++i) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kOut;
-    ia.cap.max_recv_wr = kRecv;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    q[i].qp = ibv_create_qp(pd, &ia);
+    q[i].qp = harness::create_qp(pd, cq, IBV_QPT_RC, kOut, kRecv);
     if (!q[i].qp) die("ibv_create_qp: %s", std::strerror(errno));
     uint8_t* base = static_cast<uint8_t*>(mem) + i * per_qp;
     q[i].src = base;
@@ -176,13 +160,13 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
     me.warea[i] = reinterpret_cast<uintptr_t>(q[i].warea);
   }
   Hello peer;
-  if (!dp::write_all(dp::kCtlFd, &me, sizeof me)) die("hello");
-  if (!dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000) || peer.magic != me.magic || peer.nqps != nqps)
+  if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("hello");
+  if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000) || peer.magic != me.magic || peer.nqps != nqps)
     die("no hello");
   int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   for (uint32_t i = 0; i < nqps; ++i) {
     q[i].peer_warea = peer.warea[i];
-    if (dp::qp_to_init(q[i].qp, access) || dp::qp_to_rtr(q[i].qp, peer.qpn[i], peer.lid) || dp::qp_to_rts(q[i].qp))
+    if (harness::qp_to_init(q[i].qp, access) || harness::qp_to_rtr(q[i].qp, peer.qpn[i], peer.lid) || harness::qp_to_rts(q[i].qp))
       die("connect QP %u", i);
   }
   // wr_id of a receive: QP (8 bits) | slot (8 bits) | posting sequence (48 bits).
@@ -202,7 +186,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
     for (uint32_t s = 0; s < kRecv; ++s) post_recv(i, s);
   // Both sides have their receives posted before anyone sends.
   char tok = 'R', got = 0;
-  if (!dp::write_all(dp::kCtlFd, &tok, 1) || !dp::read_all(dp::kCtlFd, &got, 1, 30000)) die("sync");
+  if (!harness::write_all(harness::kCtlFd, &tok, 1) || !harness::read_all(harness::kCtlFd, &got, 1, 30000)) die("sync");
 
   std::atomic<uint64_t> rx_msgs{0}, rx_bytes{0}, tx_msgs{0};
   std::atomic<bool> sending{true}, stop{false};
@@ -219,10 +203,10 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
     uint64_t k;
   };
   auto order = [&](const ibv_wc& wc, Got* g) {
-    if (wc.status != IBV_WC_SUCCESS) die("completion %s", dp::wc_str(wc).c_str());
+    if (wc.status != IBV_WC_SUCCESS) die("completion %s", harness::wc_str(wc).c_str());
     const bool recv = wc.opcode & IBV_WC_RECV;
     uint32_t i = static_cast<uint32_t>(recv ? wc.wr_id >> 56 : wc.wr_id >> 32);
-    if (i >= nqps) die("completion with a bad wr_id: %s", dp::wc_str(wc).c_str());
+    if (i >= nqps) die("completion with a bad wr_id: %s", harness::wc_str(wc).c_str());
     QpState& s = q[i];
     if (wc.qp_num != s.qp->qp_num) die("QP %u: completion qp_num %u, expected %u", i, wc.qp_num, s.qp->qp_num);
     std::lock_guard lk(s.mu);
@@ -352,7 +336,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
 
   // Thread 0 also runs the control channel: stream for `ms`, then exchange
   // the message counts and wait until everything sent arrived both ways.
-  dp::LineReader ctl(dp::kCtlFd);
+  harness::LineReader ctl(harness::kCtlFd);
   bool sent_done = false, sent_bye = false, got_bye = false;
   for (;;) {
     if (sending)
@@ -366,7 +350,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
         st += " QP" + std::to_string(i) + " tx " + std::to_string(q[i].tx_done) + "/" + std::to_string(q[i].tx_next) +
               " rx " + std::to_string(q[i].rx_next) + "/" +
               (q[i].peer_total == UINT64_MAX ? std::string("?") : std::to_string(q[i].peer_total)) + " (" +
-              dp::qp_state_name(dp::qp_state(q[i].qp)) + ")";
+              harness::qp_state_name(harness::qp_state(q[i].qp)) + ")";
       }
       die("no completion for 30 s:%s", st.c_str());
     }
@@ -416,7 +400,7 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
   stop = true;
   for (auto& th : threads) th.join();
   ibv_wc extra;
-  if (ibv_poll_cq(cq, 1, &extra) != 0) die("an extra completion at the end: %s", dp::wc_str(extra).c_str());
+  if (ibv_poll_cq(cq, 1, &extra) != 0) die("an extra completion at the end: %s", harness::wc_str(extra).c_str());
   for (auto& s : q)
     if (ibv_destroy_qp(s.qp)) die("ibv_destroy_qp");
   if (ibv_dereg_mr(mr) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx)) die("teardown");
@@ -427,14 +411,6 @@ int run_worker(const std::string& name, uint32_t nqps, uint32_t nthreads, uint64
 }
 
 // ---------------------------------------------------------------------------
-
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
 
 struct Variant {
   const char* name;
@@ -447,33 +423,33 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 class Stream : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(Stream, BothDirectionsEveryByteInOrder) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   const Variant v = GetParam();
-  auto& home = dp::Home::get();
-  const uint64_t ms = std::strtoull(dp::getenv_str("DP_STREAM_MS").empty() ? "4000" : std::getenv("DP_STREAM_MS"),
+  auto& home = harness::Home::get();
+  const uint64_t ms = std::strtoull(harness::getenv_str("DP_STREAM_MS").empty() ? "4000" : std::getenv("DP_STREAM_MS"),
                                     nullptr, 10);
   const std::string seed = "7";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
+  std::string exe = harness::self_exe();
   auto args = [&](const char* side) {
     return home.run_argv({exe, "--worker", side, "--qps", std::to_string(v.qps), "--threads",
                           std::to_string(v.threads), "--ms", std::to_string(ms), "--seed", seed});
   };
   if (!v.mapped) ::setenv("SHMRDMA_MAPPED", "0", 1);
-  dp::Child a, b;
-  bool started = a.start(args("a"), sv[0]) && b.start(args("b"), sv[1]);
+  harness::Child a, b;
+  bool started = a.start(args("a"), {.fd3 = sv[0]}) && b.start(args("b"), {.fd3 = sv[1]});
   if (!v.mapped) ::unsetenv("SHMRDMA_MAPPED");
   ::close(sv[0]);
   ::close(sv[1]);
   ASSERT_TRUE(started) << a.output() << b.output();
-  auto deadline = dp::Clock::now() + std::chrono::milliseconds(ms + 60000);
-  while (!a.exited() && !b.exited() && dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + std::chrono::milliseconds(ms + 60000);
+  while (!a.exited() && !b.exited() && harness::Clock::now() < deadline) {
     a.drain(0);
     b.drain(20);
   }
-  dp::RunResult ra = a.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(35)));
-  dp::RunResult rb = b.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(5)));
+  harness::Result ra = a.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(35)));
+  harness::Result rb = b.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(5)));
   std::printf("--- a ---\n%s--- b ---\n%s", ra.out.c_str(), rb.out.c_str());
   EXPECT_TRUE(ra.ok()) << "a: " << ra.describe();
   EXPECT_TRUE(rb.ok()) << "b: " << rb.describe();
@@ -489,7 +465,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, Stream,
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -507,10 +483,5 @@ int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     return run_worker(name, qps, threads, ms, seed);
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

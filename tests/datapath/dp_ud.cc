@@ -80,9 +80,9 @@
 #include <thread>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
-#include "dp_wire.h"
+#include "home.h"
+#include "verbs.h"
+#include "wire.h"
 
 namespace {
 
@@ -134,8 +134,8 @@ __attribute__((format(printf, 1, 2))) void note(const char* fmt, ...) {
   std::fflush(stdout);
 }
 
-dp::LineReader& ctl() {
-  static dp::LineReader r(dp::kCtlFd);
+harness::LineReader& ctl() {
+  static harness::LineReader r(harness::kCtlFd);
   return r;
 }
 
@@ -166,7 +166,7 @@ std::string wc_str(const ibv_wc& wc) {
 // One completion within ms (dies otherwise; a poll error dies too).
 ibv_wc get_wc(ibv_cq* cq, const char* what, int ms = kWaitMs) {
   ibv_wc wc{};
-  if (!dp::poll_one(cq, &wc, ms)) DIE("%s: no completion within %d ms", what, ms);
+  if (!harness::poll_one(cq, &wc, ms)) DIE("%s: no completion within %d ms", what, ms);
   if (static_cast<int>(wc.status) == -1) DIE("%s: ibv_poll_cq returned an error", what);
   return wc;
 }
@@ -174,7 +174,7 @@ ibv_wc get_wc(ibv_cq* cq, const char* what, int ms = kWaitMs) {
 // Nothing arrives on cq within ms.
 void expect_silence(ibv_cq* cq, const char* what, int ms = kSilentMs) {
   ibv_wc wc{};
-  if (dp::poll_one(cq, &wc, ms)) DIE("%s: unexpected completion %s", what, wc_str(wc).c_str());
+  if (harness::poll_one(cq, &wc, ms)) DIE("%s: unexpected completion %s", what, wc_str(wc).c_str());
 }
 
 // The payload pattern: byte i of message `seed`.
@@ -230,7 +230,7 @@ struct Ep {
 
   void open(size_t buflen, int access) {
     std::string why;
-    ctx = dp::open_shm0(&why);
+    ctx = harness::open_shm0(&why);
     REQUIRE(ctx != nullptr, "%s", why.c_str());
     ibv_port_attr pa{};
     REQUIRE(ibv_query_port(ctx, 1, &pa) == 0, "ibv_query_port");
@@ -407,7 +407,7 @@ void send_ok(Ep& e, ibv_qp* qp, const Send& s, const char* what) {
   REQUIRE(wc.status == IBV_WC_SUCCESS, "%s: sender completion %s, expected SUCCESS", what, wc_str(wc).c_str());
 }
 
-int qp_state(ibv_qp* qp) { return dp::qp_state(qp); }
+int qp_state(ibv_qp* qp) { return harness::qp_state(qp); }
 
 // UD: RESET -> INIT -> RTR -> RTS with the masks the verbs man page gives.
 void ud_up(ibv_qp* qp, uint32_t qkey, uint32_t sq_psn) {
@@ -481,11 +481,11 @@ Hello hello_of(const Ep& e) {
 Hello exchange(const Hello& me, bool server) {
   Hello peer;
   if (server) {
-    REQUIRE(dp::write_all(dp::kCtlFd, &me, sizeof me), "hello: write");
-    REQUIRE(dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000), "hello: no hello from the client within 30 s");
+    REQUIRE(harness::write_all(harness::kCtlFd, &me, sizeof me), "hello: write");
+    REQUIRE(harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000), "hello: no hello from the client within 30 s");
   } else {
-    REQUIRE(dp::read_all(dp::kCtlFd, &peer, sizeof peer, 30000), "hello: no hello from the server within 30 s");
-    REQUIRE(dp::write_all(dp::kCtlFd, &me, sizeof me), "hello: write");
+    REQUIRE(harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000), "hello: no hello from the server within 30 s");
+    REQUIRE(harness::write_all(harness::kCtlFd, &me, sizeof me), "hello: write");
   }
   REQUIRE(peer.magic == me.magic, "hello: bad magic 0x%08x", peer.magic);
   return peer;
@@ -1011,9 +1011,9 @@ int dead_server() {
     }
     // Late completions of the dead sender's messages.
     ibv_wc wc{};
-    while (dp::poll_one(e.rcq, &wc, 300)) take(wc, "after the sender was killed");
+    while (harness::poll_one(e.rcq, &wc, 300)) take(wc, "after the sender was killed");
     REQUIRE(qp_state(qp) == IBV_QPS_RTS, "round %d: server QP state %s after a sender was killed", r,
-            dp::qp_state_name(qp_state(qp)));
+            harness::qp_state_name(qp_state(qp)));
   }
   say("FINAL");
   auto until = Clock::now() + std::chrono::seconds(20);
@@ -1022,13 +1022,13 @@ int dead_server() {
             "only %ld of %d messages of a new sender (sent after the killed senders, each completed successfully at "
             "the sender) arrived within 20 s; the server QP is %s with %zu receives posted (%ld good completions in "
             "all; %zu error completions)",
-            final_good, kDeadFinal, dp::qp_state_name(qp_state(qp)), posted.size(), good, errors.size());
+            final_good, kDeadFinal, harness::qp_state_name(qp_state(qp)), posted.size(), good, errors.size());
     ibv_wc wc{};
-    if (dp::poll_one(e.rcq, &wc, 100)) take(wc, "from the new sender");
+    if (harness::poll_one(e.rcq, &wc, 100)) take(wc, "from the new sender");
   }
   hear("SENT");
   expect_silence(e.rcq, "after the new sender's messages");
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "server QP state %s", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "server QP state %s", harness::qp_state_name(qp_state(qp)));
   // Receives passed over: still pending although a later one completed.
   std::string holes;
   int nholes = 0;
@@ -1225,7 +1225,7 @@ int deadpeer_client() {
         REQUIRE(wc.status == IBV_WC_SUCCESS, "sender %d: %s", t, wc_str(wc).c_str());
         --outstanding;
       }
-      REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender %d: QP state %s", t, dp::qp_state_name(qp_state(qp)));
+      REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender %d: QP state %s", t, harness::qp_state_name(qp_state(qp)));
       after_death_total.fetch_add(after_death);
       e.close();
     });
@@ -1343,7 +1343,7 @@ int qkey_client() {
     char what[200];
     std::snprintf(what, sizeof what, "step %zu: %s (remote_qkey 0x%08x)", i, st.what, st.rqkey);
     send_ok(e, q[st.qp], s, what);  // a qkey mismatch is the receiver's business: the send succeeds
-    REQUIRE(qp_state(q[st.qp]) == IBV_QPS_RTS, "%s: sender QP state %s", what, dp::qp_state_name(qp_state(q[st.qp])));
+    REQUIRE(qp_state(q[st.qp]) == IBV_QPS_RTS, "%s: sender QP state %s", what, harness::qp_state_name(qp_state(q[st.qp])));
     say("SENT " + std::to_string(i));
   }
   hear("BYE");
@@ -1365,7 +1365,7 @@ int norecv_ud_server() {
   hear("SENT 1");
   expect_silence(e.rcq, "a SEND to a UD QP with no receive posted");
   REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s after a SEND arrived with no receive posted",
-          dp::qp_state_name(qp_state(qp)));
+          harness::qp_state_name(qp_state(qp)));
   auto rl = ud_recv_layout(0, 2048, 2);
   REQUIRE(post_recv(qp, 7, e.sges(rl)) == 0, "post_recv");
   say("READY 2");
@@ -1375,7 +1375,7 @@ int norecv_ud_server() {
   check_ud_wc(wc, what, 7, 500, false, cl.qpn[0], cl.lid, qp->qp_num, false, 0, nullptr, nullptr, nullptr);
   check_recv(e, rl, kGrh, 500, 2, 0, span_end(rl, 0) + 64, what);
   expect_silence(e.rcq, "after the second SEND");
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s", harness::qp_state_name(qp_state(qp)));
   say("BYE");
   e.close();
   note("OK");
@@ -1406,13 +1406,13 @@ int norecv_ud_client() {
       x.rqpn = 0xFFFFF0;
       send_ok(e, qp, x, "SEND to QPN 0xfffff0 (no such QP)");
       REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s after a SEND to a QPN nobody has",
-              dp::qp_state_name(qp_state(qp)));
+              harness::qp_state_name(qp_state(qp)));
     }
     auto t0 = Clock::now();
     send_ok(e, qp, s, n == 1 ? "SEND to a QP with no receive posted" : "SEND to a QP with a receive posted");
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     REQUIRE(ms < 2000, "the UD SEND took %.0f ms to complete", ms);
-    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s", dp::qp_state_name(qp_state(qp)));
+    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s", harness::qp_state_name(qp_state(qp)));
     say("SENT " + std::to_string(n));
   }
   hear("BYE");
@@ -1642,7 +1642,7 @@ int uc_data_server() {
     expect_silence(e.rcq, what, 0);
     hear("SENT " + std::to_string(k));
   }
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s at the end", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s at the end", harness::qp_state_name(qp_state(qp)));
   say("BYE");
   e.close();
   note("OK (%zu steps)", steps.size());
@@ -1695,7 +1695,7 @@ int uc_data_client() {
     say("SENT " + std::to_string(k));
   }
   hear("BYE");
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s at the end", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "QP state %s at the end", harness::qp_state_name(qp_state(qp)));
   e.close();
   note("OK");
   return 0;
@@ -1714,7 +1714,7 @@ int uc_norecv_server() {
   hear("SENT 1");
   expect_silence(e.rcq, "a UC SEND with no receive posted");
   REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s after a UC SEND found no receive, expected RTS",
-          dp::qp_state_name(qp_state(qp)));
+          harness::qp_state_name(qp_state(qp)));
   auto rl = layout(1024, 2000, 3);
   REQUIRE(post_recv(qp, 5, e.sges(rl)) == 0, "post_recv");
   say("READY 2");
@@ -1725,7 +1725,7 @@ int uc_norecv_server() {
           "%s: %s, expected SUCCESS, wr_id 5, IBV_WC_RECV, byte_len 1500", what, wc_str(wc).c_str());
   check_recv(e, rl, 0, 1500, 2, 1024, span_end(rl, 1024) + 64, what);
   expect_silence(e.rcq, "after the second SEND");
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s", harness::qp_state_name(qp_state(qp)));
   say("BYE");
   e.close();
   note("OK");
@@ -1749,7 +1749,7 @@ int uc_norecv_client() {
     send_ok(e, qp, s, n == 1 ? "a UC SEND to a QP with no receive posted" : "a UC SEND with a receive posted");
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     REQUIRE(ms < 2000, "the UC SEND took %.0f ms to complete (UC has no RNR wait)", ms);
-    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s", dp::qp_state_name(qp_state(qp)));
+    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s", harness::qp_state_name(qp_state(qp)));
     say("SENT " + std::to_string(n));
   }
   hear("BYE");
@@ -1781,7 +1781,7 @@ int uc_badrkey_server() {
   for (size_t i = 0; i < e.len; ++i)
     REQUIRE(e.buf[i] == kCanary, "a UC WRITE with rkey+1 changed target byte %zu to 0x%02x", i, e.buf[i]);
   REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s after a WRITE with a bad rkey, expected RTS",
-          dp::qp_state_name(qp_state(qp)));
+          harness::qp_state_name(qp_state(qp)));
   say("CHECKED 1");
   hear("SENT 2");
   {
@@ -1791,7 +1791,7 @@ int uc_badrkey_server() {
             wc_str(wc).c_str());
   }
   check_guarded(e, 8192, 4096, 2, 8192, "a UC WRITE with the right rkey after one with rkey+1");
-  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s", dp::qp_state_name(qp_state(qp)));
+  REQUIRE(qp_state(qp) == IBV_QPS_RTS, "target QP state %s", harness::qp_state_name(qp_state(qp)));
   say("BYE");
   e.close();
   note("OK");
@@ -1816,7 +1816,7 @@ int uc_badrkey_client() {
     s.rkey = n == 1 ? sv.rkey + 1 : sv.rkey;
     send_ok(e, qp, s, n == 1 ? "a UC WRITE with rkey+1 (dropped at the target; the sender succeeds)"
                              : "a UC WRITE with the right rkey");
-    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s after a WRITE %s", dp::qp_state_name(qp_state(qp)),
+    REQUIRE(qp_state(qp) == IBV_QPS_RTS, "sender QP state %s after a WRITE %s", harness::qp_state_name(qp_state(qp)),
             n == 1 ? "with rkey+1" : "");
     Send m;
     m.op = IBV_WR_SEND_WITH_IMM;
@@ -1852,14 +1852,6 @@ int run_worker(const std::string& role, const std::string& scenario) {
   DIE("unknown scenario %s", scenario.c_str());
 }
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = '\0';
-  return buf;
-}
-
 // ---------------------------------------------------------------------------
 // Process pairs
 
@@ -1867,31 +1859,31 @@ class Pair : public ::testing::TestWithParam<std::string> {};
 
 // The client on `client_device` (empty: shm0 like the server).
 void run_pair(const std::string& scenario, const std::string& client_device) {
-  auto& home = dp::Home::get();
+  auto& home = harness::Home::get();
   if (!client_device.empty()) {
     std::string why;
     ASSERT_TRUE(home.up_device(client_device, &why)) << why;
   }
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child server, client;
-  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--scenario", scenario}), sv[0]))
+  std::string exe = harness::self_exe();
+  harness::Child server, client;
+  ASSERT_TRUE(server.start(home.run_argv({exe, "--worker", "server", "--scenario", scenario}), {.fd3 = sv[0]}))
       << server.output();
-  ASSERT_TRUE(dp::start_on(client, client_device, home.run_argv({exe, "--worker", "client", "--scenario", scenario}),
-                           sv[1]))
+  ASSERT_TRUE(harness::start_on(client, client_device, home.run_argv({exe, "--worker", "client", "--scenario", scenario}),
+                           {.fd3 = sv[1]}))
       << client.output();
   ::close(sv[0]);
   ::close(sv[1]);
-  auto deadline = dp::Clock::now() + std::chrono::seconds(90);
-  dp::RunResult s = server.wait(deadline);
-  dp::RunResult c = client.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(15)));
+  auto deadline = harness::Clock::now() + std::chrono::seconds(90);
+  harness::Result s = server.wait(deadline);
+  harness::Result c = client.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(15)));
   std::printf("--- server ---\n%s--- client ---\n%s", s.out.c_str(), c.out.c_str());
   EXPECT_TRUE(s.ok()) << "server: " << s.describe();
   EXPECT_TRUE(c.ok()) << "client: " << c.describe();
   if (scenario.find("dead") != std::string::npos) {
     // Killed senders: `shmrdma up` reclaims their contexts.
-    dp::RunResult up = home.shmrdma({"up"});
+    harness::Result up = home.shmrdma({"up"});
     EXPECT_TRUE(up.ok()) << up.describe();
   }
   nlohmann::json st = home.status();
@@ -1904,7 +1896,7 @@ void run_pair(const std::string& scenario, const std::string& client_device) {
 }
 
 TEST_P(Pair, ServerAndClient) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair(GetParam(), "");
 }
 
@@ -1915,7 +1907,7 @@ TEST_P(Pair, ServerAndClient) {
 class PairAcrossDevices : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PairAcrossDevices, ServerAndClient) {
-  DP_REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   run_pair(GetParam(), "shm1");
 }
 
@@ -1945,9 +1937,9 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, Pair,
 class Local : public ::testing::Test {
  protected:
   void SetUp() override {
-    DP_REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     std::string why;
-    ctx_ = dp::open_shm0(&why);
+    ctx_ = harness::open_shm0(&why);
     ASSERT_NE(ctx_, nullptr) << why;
     pd_ = ibv_alloc_pd(ctx_);
     ASSERT_NE(pd_, nullptr) << "ibv_alloc_pd: " << std::strerror(errno);
@@ -1984,8 +1976,8 @@ class Local : public ::testing::Test {
       EXPECT_EQ(ibv_dealloc_pd(pd_), 0) << "ibv_dealloc_pd after every AH was destroyed";
     }
     if (ctx_) {
-      nlohmann::json st = dp::Home::get().status();
-      nlohmann::json me = dp::Home::find_process(st, ::getpid());
+      nlohmann::json st = harness::Home::get().status();
+      nlohmann::json me = harness::Home::find_process(st, ::getpid());
       if (!me.is_null() && me.contains("objects"))
         for (const char* k : {"pd", "cq", "qp", "mr", "ah"})
           if (me["objects"].contains(k)) {
@@ -1998,15 +1990,7 @@ class Local : public ::testing::Test {
   }
 
   ibv_qp* new_qp(ibv_qp_type t) {
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq_;
-    ia.recv_cq = cq_;
-    ia.qp_type = t;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 2;
-    ia.cap.max_recv_sge = 2;
-    ibv_qp* qp = ibv_create_qp(pd_, &ia);
+    ibv_qp* qp = harness::create_qp(pd_, cq_, t, 16, 16, 2);
     if (qp) qps_.push_back(qp);
     return qp;
   }
@@ -2107,9 +2091,9 @@ TEST_F(Local, UdModifyQpAttributeMasks) {
   EXPECT_EQ(modify(qp, a, init | IBV_QP_ACCESS_FLAGS), EINVAL) << "UD RESET->INIT with IBV_QP_ACCESS_FLAGS";
   for (int missing : {IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_QKEY})
     EXPECT_EQ(modify(qp, a, init & ~missing), EINVAL) << "UD RESET->INIT without attribute mask " << missing;
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RESET) << "a refused modify changed the state";
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RESET) << "a refused modify changed the state";
   ASSERT_EQ(modify(qp, a, init), 0) << "UD RESET->INIT with STATE|PKEY_INDEX|PORT|QKEY";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_INIT);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_INIT);
   {
     ibv_qp_attr q{};
     ibv_qp_init_attr ia{};
@@ -2120,14 +2104,14 @@ TEST_F(Local, UdModifyQpAttributeMasks) {
   ibv_qp_attr r{};
   r.qp_state = IBV_QPS_RTR;
   ASSERT_EQ(modify(qp, r, IBV_QP_STATE), 0) << "UD INIT->RTR with IBV_QP_STATE only";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTR);
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_RTS;
   s.sq_psn = 123;
   EXPECT_EQ(modify(qp, s, IBV_QP_STATE), EINVAL) << "UD RTR->RTS without IBV_QP_SQ_PSN";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTR);
   ASSERT_EQ(modify(qp, s, IBV_QP_STATE | IBV_QP_SQ_PSN), 0) << "UD RTR->RTS with STATE|SQ_PSN";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTS);
 }
 
 TEST_F(Local, UcModifyQpAttributeMasks) {
@@ -2143,7 +2127,7 @@ TEST_F(Local, UcModifyQpAttributeMasks) {
   const int init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   for (int missing : {IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_ACCESS_FLAGS})
     EXPECT_EQ(modify(qp, a, init & ~missing), EINVAL) << "UC RESET->INIT without attribute mask " << missing;
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RESET);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RESET);
   ASSERT_EQ(modify(qp, a, init), 0) << "UC RESET->INIT with STATE|PKEY_INDEX|PORT|ACCESS_FLAGS";
 
   ibv_qp_attr r{};
@@ -2160,9 +2144,9 @@ TEST_F(Local, UcModifyQpAttributeMasks) {
     EXPECT_EQ(modify(qp, r, rtr & ~missing), EINVAL) << "UC INIT->RTR without attribute mask " << missing;
   EXPECT_EQ(modify(qp, r, rtr | IBV_QP_MAX_DEST_RD_ATOMIC), EINVAL) << "UC INIT->RTR with IBV_QP_MAX_DEST_RD_ATOMIC";
   EXPECT_EQ(modify(qp, r, rtr | IBV_QP_MIN_RNR_TIMER), EINVAL) << "UC INIT->RTR with IBV_QP_MIN_RNR_TIMER";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_INIT) << "a refused modify changed the state";
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_INIT) << "a refused modify changed the state";
   ASSERT_EQ(modify(qp, r, rtr), 0) << "UC INIT->RTR with STATE|AV|PATH_MTU|DEST_QPN|RQ_PSN";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTR);
 
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_RTS;
@@ -2176,9 +2160,9 @@ TEST_F(Local, UcModifyQpAttributeMasks) {
   for (int extra : {IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_MAX_QP_RD_ATOMIC})
     EXPECT_EQ(modify(qp, s, rts | extra), EINVAL)
         << "UC RTR->RTS with attribute mask " << extra << " (not a UC attribute)";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTR);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTR);
   ASSERT_EQ(modify(qp, s, rts), 0) << "UC RTR->RTS with STATE|SQ_PSN";
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTS);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTS);
   ibv_qp_attr q{};
   ibv_qp_init_attr ia{};
   ASSERT_EQ(ibv_query_qp(qp, &q, IBV_QP_STATE | IBV_QP_DEST_QPN, &ia), 0);
@@ -2212,12 +2196,12 @@ void expect_refused(ibv_qp* qp, ibv_cq* cq, const std::vector<ibv_wr_opcode>& op
     EXPECT_EQ(bad, reinterpret_cast<ibv_send_wr*>(1)) << "*bad_wr must point at the refused WR";
     if (rc == 0) {
       ibv_wc wc{};
-      dp::poll_one(cq, &wc, 1000);
+      harness::poll_one(cq, &wc, 1000);
     }
   }
   ibv_wc wc{};
-  EXPECT_FALSE(dp::poll_one(cq, &wc, 50)) << "a refused WR produced a completion: " << wc_str(wc);
-  EXPECT_EQ(dp::qp_state(qp), IBV_QPS_RTS) << "a refused post_send changed the QP state";
+  EXPECT_FALSE(harness::poll_one(cq, &wc, 50)) << "a refused WR produced a completion: " << wc_str(wc);
+  EXPECT_EQ(harness::qp_state(qp), IBV_QPS_RTS) << "a refused post_send changed the QP state";
 }
 
 TEST_F(Local, UdRefusesRdmaAndAtomics) {
@@ -2270,7 +2254,7 @@ TEST_F(Local, UcRefusesReadAndAtomics) {
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--worker") {
@@ -2281,10 +2265,5 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
     return run_worker(role, scenario);
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;  // meson: skipped
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

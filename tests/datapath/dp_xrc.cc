@@ -31,30 +31,16 @@
 #include <string>
 #include <vector>
 
-#include "dp_harness.h"
-#include "dp_verbs.h"
+#include "home.h"
+#include "verbs.h"
+#include "worker.h"
 
 namespace {
 
-using dp::wc_str;
+using harness::die;
+using harness::wc_str;
 
 // ------------------------------------------------------------ helpers
-
-[[noreturn]] void die(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  std::fprintf(stdout, "FATAL: ");
-  std::vfprintf(stdout, fmt, ap);
-  std::fprintf(stdout, "\n");
-  va_end(ap);
-  std::fflush(stdout);
-  std::exit(1);
-}
-
-#define CHECK(cond, ...)             \
-  do {                               \
-    if (!(cond)) die(__VA_ARGS__);   \
-  } while (0)
 
 constexpr int kSock = 3;
 
@@ -63,14 +49,14 @@ void send_line(const std::string& s) {
   size_t off = 0;
   while (off < l.size()) {
     ssize_t n = ::write(kSock, l.data() + off, l.size() - off);
-    CHECK(n > 0, "write to the peer: %s", std::strerror(errno));
+    REQUIRE(n > 0, "write to the peer: %s", std::strerror(errno));
     off += static_cast<size_t>(n);
   }
 }
 
 std::string recv_line(int timeout_ms = 30000) {
   static std::string buf;
-  auto deadline = dp::Clock::now() + dp::Ms(timeout_ms);
+  auto deadline = harness::Clock::now() + harness::Ms(timeout_ms);
   for (;;) {
     auto nl = buf.find('\n');
     if (nl != std::string::npos) {
@@ -79,18 +65,18 @@ std::string recv_line(int timeout_ms = 30000) {
       return l;
     }
     pollfd p{kSock, POLLIN, 0};
-    int left = dp::ms_left(deadline);
-    CHECK(left > 0, "timed out waiting for the peer");
+    int left = harness::ms_left(deadline);
+    REQUIRE(left > 0, "timed out waiting for the peer");
     if (::poll(&p, 1, left) <= 0) continue;
     char b[512];
     ssize_t n = ::read(kSock, b, sizeof b);
-    CHECK(n > 0, "the peer closed the connection");
+    REQUIRE(n > 0, "the peer closed the connection");
     buf.append(b, static_cast<size_t>(n));
   }
 }
 
 std::vector<uint64_t> fields(const std::string& l, const char* tag) {
-  CHECK(l.rfind(tag, 0) == 0, "expected '%s ...', got '%s'", tag, l.c_str());
+  REQUIRE(l.rfind(tag, 0) == 0, "expected '%s ...', got '%s'", tag, l.c_str());
   std::vector<uint64_t> v;
   const char* p = l.c_str() + std::strlen(tag);
   char* end = nullptr;
@@ -145,7 +131,7 @@ ibv_qp* create_xrc_send(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq) {
 
 // XRC_RECV to RTS the way ibv_xsrq_pingpong moves it (RTS: TIMEOUT | SQ_PSN).
 int tgt_connect(ibv_qp* qp, uint32_t dest, uint16_t lid) {
-  if (int rc = dp::qp_to_rtr(qp, dest, lid)) return rc;
+  if (int rc = harness::qp_to_rtr(qp, dest, lid)) return rc;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTS;
   a.timeout = 14;
@@ -163,7 +149,7 @@ int ini_connect(ibv_qp* qp, uint32_t dest, uint16_t lid) {
   a.ah_attr.port_num = 1;
   if (int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN))
     return rc;
-  return dp::qp_to_rts(qp, 7, 14, 7);
+  return harness::qp_to_rts(qp, 7, 14, 7);
 }
 
 uint8_t pattern(uint32_t msg, size_t i) { return static_cast<uint8_t>((msg * 131u + i * 7u + 3u) & 0xff); }
@@ -212,95 +198,95 @@ constexpr size_t kTargetBuf = kRdmaOff + kSlot;
 
 int run_target(const std::string& domain_file) {
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
-  CHECK(ctx, "%s", why.c_str());
-  const uint16_t lid = dp::port_lid(ctx);
-  CHECK(recv_line() == "absent-checked", "protocol");
+  ibv_context* ctx = harness::open_shm0(&why);
+  REQUIRE(ctx, "%s", why.c_str());
+  const uint16_t lid = harness::port_lid(ctx);
+  REQUIRE(recv_line() == "absent-checked", "protocol");
   int fd = ::open(domain_file.c_str(), O_RDONLY | O_CREAT, 0600);
-  CHECK(fd >= 0, "open %s: %s", domain_file.c_str(), std::strerror(errno));
+  REQUIRE(fd >= 0, "open %s: %s", domain_file.c_str(), std::strerror(errno));
   ibv_xrcd* xrcd = open_domain(ctx, fd, O_CREAT);
-  CHECK(xrcd, "ibv_open_xrcd(O_CREAT): %s", std::strerror(errno));
+  REQUIRE(xrcd, "ibv_open_xrcd(O_CREAT): %s", std::strerror(errno));
   ibv_xrcd* priv = open_domain(ctx, -1, 0);
-  CHECK(priv, "ibv_open_xrcd(fd -1): %s", std::strerror(errno));
+  REQUIRE(priv, "ibv_open_xrcd(fd -1): %s", std::strerror(errno));
   ibv_pd* pd = ibv_alloc_pd(ctx);
-  CHECK(pd, "alloc_pd");
+  REQUIRE(pd, "alloc_pd");
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, kTargetBuf));
   std::memset(buf, 0xee, kTargetBuf);
   ibv_mr* mr = ibv_reg_mr(pd, buf, kTargetBuf,
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-  CHECK(mr, "reg_mr: %s", std::strerror(errno));
+  REQUIRE(mr, "reg_mr: %s", std::strerror(errno));
   ibv_cq* cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
   ibv_cq* pcq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
-  CHECK(cq && pcq, "create_cq");
+  REQUIRE(cq && pcq, "create_cq");
   ibv_srq* srq = create_xrc_srq(ctx, pd, xrcd, cq);
-  CHECK(srq, "create XRC SRQ: %s", std::strerror(errno));
+  REQUIRE(srq, "create XRC SRQ: %s", std::strerror(errno));
   ibv_srq* psrq = create_xrc_srq(ctx, pd, priv, pcq);  // another domain
-  CHECK(psrq, "create XRC SRQ (private domain): %s", std::strerror(errno));
+  REQUIRE(psrq, "create XRC SRQ (private domain): %s", std::strerror(errno));
   uint32_t srqn = 0, psrqn = 0;
-  CHECK(ibv_get_srq_num(srq, &srqn) == 0 && ibv_get_srq_num(psrq, &psrqn) == 0 && srqn != psrqn, "get_srq_num");
+  REQUIRE(ibv_get_srq_num(srq, &srqn) == 0 && ibv_get_srq_num(psrq, &psrqn) == 0 && srqn != psrqn, "get_srq_num");
   ibv_qp* tgt[3];
   for (auto& q : tgt) {
     q = create_xrc_recv(ctx, xrcd);
-    CHECK(q, "create XRC_RECV: %s", std::strerror(errno));
-    CHECK(dp::qp_to_init(q, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) == 0, "XRC_RECV to INIT");
+    REQUIRE(q, "create XRC_RECV: %s", std::strerror(errno));
+    REQUIRE(harness::qp_to_init(q, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) == 0, "XRC_RECV to INIT");
   }
   for (uint32_t k = 0; k < kNumMsgs; ++k)
-    CHECK(post_srq(srq, 1000 + k, buf + k * kSlot, kSlot, mr->lkey) == 0, "post_srq_recv");
+    REQUIRE(post_srq(srq, 1000 + k, buf + k * kSlot, kSlot, mr->lkey) == 0, "post_srq_recv");
   char line[512];
   std::snprintf(line, sizeof line, "T %u %u %u %u %u %u %" PRIu64 " %u", tgt[0]->qp_num, tgt[1]->qp_num,
                 tgt[2]->qp_num, srqn, psrqn, mr->rkey, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(buf)), lid);
   send_line(line);
   auto ini = fields(recv_line(), "I");
-  CHECK(ini.size() == 3, "protocol");
+  REQUIRE(ini.size() == 3, "protocol");
   for (int i = 0; i < 3; ++i)
-    CHECK(tgt_connect(tgt[i], static_cast<uint32_t>(ini[i]), lid) == 0, "XRC_RECV to RTR/RTS: %s", std::strerror(errno));
+    REQUIRE(tgt_connect(tgt[i], static_cast<uint32_t>(ini[i]), lid) == 0, "XRC_RECV to RTR/RTS: %s", std::strerror(errno));
   send_line("go");
 
   // Every message in order, byte for byte, completed in the SRQ's CQ with
   // the XRC_RECV QP's number.
   for (uint32_t k = 0; k < kNumMsgs; ++k) {
     ibv_wc wc{};
-    CHECK(dp::poll_one(cq, &wc, 20000), "no receive completion for message %u", k);
-    CHECK(wc.status == IBV_WC_SUCCESS, "message %u: %s", k, wc_str(wc).c_str());
-    CHECK(wc.wr_id == 1000 + k, "message %u: wr_id %" PRIu64, k, wc.wr_id);
-    CHECK(wc.qp_num == tgt[0]->qp_num, "message %u: qp_num %u, expected the XRC_RECV QP %u", k, wc.qp_num,
+    REQUIRE(harness::poll_one(cq, &wc, 20000), "no receive completion for message %u", k);
+    REQUIRE(wc.status == IBV_WC_SUCCESS, "message %u: %s", k, wc_str(wc).c_str());
+    REQUIRE(wc.wr_id == 1000 + k, "message %u: wr_id %" PRIu64, k, wc.wr_id);
+    REQUIRE(wc.qp_num == tgt[0]->qp_num, "message %u: qp_num %u, expected the XRC_RECV QP %u", k, wc.qp_num,
           tgt[0]->qp_num);
-    CHECK(wc.src_qp == ini[0], "message %u: src_qp %u", k, wc.src_qp);
+    REQUIRE(wc.src_qp == ini[0], "message %u: src_qp %u", k, wc.src_qp);
     const Msg& m = kMsgs[k];
     if (m.op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-      CHECK(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == k,
+      REQUIRE(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == k,
             "message %u: %s", k, wc_str(wc).c_str());
       for (size_t i = 0; i < m.len; ++i)
-        CHECK(buf[kWriteOff + i] == pattern(k, i), "WRITE_WITH_IMM byte %zu differs", i);
+        REQUIRE(buf[kWriteOff + i] == pattern(k, i), "WRITE_WITH_IMM byte %zu differs", i);
       continue;
     }
-    CHECK(wc.opcode == IBV_WC_RECV && wc.byte_len == m.len, "message %u: %s", k, wc_str(wc).c_str());
+    REQUIRE(wc.opcode == IBV_WC_RECV && wc.byte_len == m.len, "message %u: %s", k, wc_str(wc).c_str());
     if (m.op == IBV_WR_SEND_WITH_IMM)
-      CHECK((wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == k, "message %u: imm %s", k, wc_str(wc).c_str());
+      REQUIRE((wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == k, "message %u: imm %s", k, wc_str(wc).c_str());
     for (size_t i = 0; i < m.len; ++i)
-      CHECK(buf[k * kSlot + i] == pattern(k, i), "message %u byte %zu: %u, expected %u", k, i, buf[k * kSlot + i],
+      REQUIRE(buf[k * kSlot + i] == pattern(k, i), "message %u byte %zu: %u, expected %u", k, i, buf[k * kSlot + i],
             pattern(k, i));
-    CHECK(m.len == kSlot || buf[k * kSlot + m.len] == 0xee, "message %u wrote past its length", k);
+    REQUIRE(m.len == kSlot || buf[k * kSlot + m.len] == 0xee, "message %u wrote past its length", k);
   }
   send_line("received");
-  CHECK(recv_line() == "done", "protocol");
-  for (size_t i = 0; i < 4096; ++i) CHECK(buf[kRdmaOff + i] == pattern(77, i), "RDMA WRITE byte %zu differs", i);
+  REQUIRE(recv_line() == "done", "protocol");
+  for (size_t i = 0; i < 4096; ++i) REQUIRE(buf[kRdmaOff + i] == pattern(77, i), "RDMA WRITE byte %zu differs", i);
   ibv_wc wc{};
-  CHECK(ibv_poll_cq(pcq, 1, &wc) == 0, "the other domain's SRQ got a completion: %s", wc_str(wc).c_str());
-  CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "unexpected completion %s", wc_str(wc).c_str());
+  REQUIRE(ibv_poll_cq(pcq, 1, &wc) == 0, "the other domain's SRQ got a completion: %s", wc_str(wc).c_str());
+  REQUIRE(ibv_poll_cq(cq, 1, &wc) == 0, "unexpected completion %s", wc_str(wc).c_str());
 
   // Teardown: the domains are busy while SRQs / QPs use them.
-  CHECK(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with SRQ and QPs: not EBUSY");
-  CHECK(ibv_close_xrcd(priv) == EBUSY, "close_xrcd (private) with an SRQ: not EBUSY");
-  for (auto& q : tgt) CHECK(ibv_destroy_qp(q) == 0, "destroy XRC_RECV");
-  CHECK(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with an SRQ: not EBUSY");
-  CHECK(ibv_destroy_cq(cq) == EBUSY, "destroy_cq of an XRC SRQ's CQ: not EBUSY");
-  CHECK(ibv_destroy_srq(srq) == 0 && ibv_destroy_srq(psrq) == 0, "destroy_srq");
-  CHECK(ibv_close_xrcd(xrcd) == 0 && ibv_close_xrcd(priv) == 0, "close_xrcd");
-  CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(pcq) == 0, "destroy_cq");
-  CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0, "dereg/dealloc");
+  REQUIRE(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with SRQ and QPs: not EBUSY");
+  REQUIRE(ibv_close_xrcd(priv) == EBUSY, "close_xrcd (private) with an SRQ: not EBUSY");
+  for (auto& q : tgt) REQUIRE(ibv_destroy_qp(q) == 0, "destroy XRC_RECV");
+  REQUIRE(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with an SRQ: not EBUSY");
+  REQUIRE(ibv_destroy_cq(cq) == EBUSY, "destroy_cq of an XRC SRQ's CQ: not EBUSY");
+  REQUIRE(ibv_destroy_srq(srq) == 0 && ibv_destroy_srq(psrq) == 0, "destroy_srq");
+  REQUIRE(ibv_close_xrcd(xrcd) == 0 && ibv_close_xrcd(priv) == 0, "close_xrcd");
+  REQUIRE(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(pcq) == 0, "destroy_cq");
+  REQUIRE(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0, "dereg/dealloc");
   ::close(fd);
-  CHECK(ibv_close_device(ctx) == 0, "close_device");
+  REQUIRE(ibv_close_device(ctx) == 0, "close_device");
   std::free(buf);
   std::printf("TARGET OK\n");
   return 0;
@@ -308,26 +294,26 @@ int run_target(const std::string& domain_file) {
 
 int run_initiator(const std::string& domain_file) {
   std::string why;
-  ibv_context* ctx = dp::open_shm0(&why);
-  CHECK(ctx, "%s", why.c_str());
+  ibv_context* ctx = harness::open_shm0(&why);
+  REQUIRE(ctx, "%s", why.c_str());
   // Nobody has the domain open yet: without O_CREAT it does not exist.
   int fd = ::open(domain_file.c_str(), O_RDONLY | O_CREAT, 0600);
-  CHECK(fd >= 0, "open %s: %s", domain_file.c_str(), std::strerror(errno));
+  REQUIRE(fd >= 0, "open %s: %s", domain_file.c_str(), std::strerror(errno));
   errno = 0;
-  CHECK(!open_domain(ctx, fd, 0) && errno == ENOENT, "open_xrcd without O_CREAT of a domain nobody has open: errno %d",
+  REQUIRE(!open_domain(ctx, fd, 0) && errno == ENOENT, "open_xrcd without O_CREAT of a domain nobody has open: errno %d",
         errno);
   send_line("absent-checked");
   auto t = fields(recv_line(), "T");
-  CHECK(t.size() == 8, "protocol");
+  REQUIRE(t.size() == 8, "protocol");
   const uint32_t srqn = static_cast<uint32_t>(t[3]), psrqn = static_cast<uint32_t>(t[4]);
   const uint32_t rkey = static_cast<uint32_t>(t[5]);
   const uint64_t raddr = t[6];
   const uint16_t lid = static_cast<uint16_t>(t[7]);
   // The target has it open now: it is shared through the file.
   ibv_xrcd* xrcd = open_domain(ctx, fd, 0);
-  CHECK(xrcd, "open_xrcd of the target's domain without O_CREAT: %s", std::strerror(errno));
+  REQUIRE(xrcd, "open_xrcd of the target's domain without O_CREAT: %s", std::strerror(errno));
   errno = 0;
-  CHECK(!open_domain(ctx, fd, O_CREAT | O_EXCL) && errno == EINVAL, "O_EXCL on an open domain: errno %d", errno);
+  REQUIRE(!open_domain(ctx, fd, O_CREAT | O_EXCL) && errno == EINVAL, "O_EXCL on an open domain: errno %d", errno);
   ibv_pd* pd = ibv_alloc_pd(ctx);
   constexpr size_t kLocal = 2 * kSlot;
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, kLocal));
@@ -335,100 +321,100 @@ int run_initiator(const std::string& domain_file) {
   std::memset(rbuf, 0xee, kLocal);
   ibv_mr* mr = ibv_reg_mr(pd, buf, kLocal, IBV_ACCESS_LOCAL_WRITE);
   ibv_mr* rmr = ibv_reg_mr(pd, rbuf, kLocal, IBV_ACCESS_LOCAL_WRITE);
-  CHECK(pd && mr && rmr, "pd/mr");
+  REQUIRE(pd && mr && rmr, "pd/mr");
   ibv_cq* scq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
   ibv_cq* rcq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
-  CHECK(scq && rcq, "create_cq");
+  REQUIRE(scq && rcq, "create_cq");
   ibv_srq* my_srq = create_xrc_srq(ctx, pd, xrcd, rcq);
-  CHECK(my_srq, "create XRC SRQ: %s", std::strerror(errno));
+  REQUIRE(my_srq, "create XRC SRQ: %s", std::strerror(errno));
   uint32_t my_srqn = 0;
-  CHECK(ibv_get_srq_num(my_srq, &my_srqn) == 0 && my_srqn != srqn, "get_srq_num");
+  REQUIRE(ibv_get_srq_num(my_srq, &my_srqn) == 0 && my_srqn != srqn, "get_srq_num");
   ibv_qp* ini[3];
   for (auto& q : ini) {
     q = create_xrc_send(ctx, pd, scq);
-    CHECK(q, "create XRC_SEND: %s", std::strerror(errno));
-    CHECK(dp::qp_to_init(q, 0) == 0, "XRC_SEND to INIT");
+    REQUIRE(q, "create XRC_SEND: %s", std::strerror(errno));
+    REQUIRE(harness::qp_to_init(q, 0) == 0, "XRC_SEND to INIT");
   }
   char line[256];
   std::snprintf(line, sizeof line, "I %u %u %u", ini[0]->qp_num, ini[1]->qp_num, ini[2]->qp_num);
   send_line(line);
-  CHECK(recv_line() == "go", "protocol");
+  REQUIRE(recv_line() == "go", "protocol");
   for (int i = 0; i < 3; ++i)
-    CHECK(ini_connect(ini[i], static_cast<uint32_t>(t[i]), lid) == 0, "XRC_SEND to RTR/RTS: %s", std::strerror(errno));
+    REQUIRE(ini_connect(ini[i], static_cast<uint32_t>(t[i]), lid) == 0, "XRC_SEND to RTR/RTS: %s", std::strerror(errno));
 
   auto expect_send = [&](uint64_t wr_id, ibv_wc_status st) {
     ibv_wc wc{};
-    CHECK(dp::poll_one(scq, &wc, 20000), "no send completion for wr %" PRIu64, wr_id);
-    CHECK(wc.wr_id == wr_id && wc.status == st, "send wr %" PRIu64 ": %s, expected status %s", wr_id,
+    REQUIRE(harness::poll_one(scq, &wc, 20000), "no send completion for wr %" PRIu64, wr_id);
+    REQUIRE(wc.wr_id == wr_id && wc.status == st, "send wr %" PRIu64 ": %s, expected status %s", wr_id,
           wc_str(wc).c_str(), ibv_wc_status_str(st));
-    CHECK(wc.qp_num == ini[0]->qp_num || st != IBV_WC_SUCCESS, "send completion qp_num %u", wc.qp_num);
+    REQUIRE(wc.qp_num == ini[0]->qp_num || st != IBV_WC_SUCCESS, "send completion qp_num %u", wc.qp_num);
   };
 
   // 1. Into the target's SRQ through its XRC_RECV QP, in order.
   for (uint32_t k = 0; k < kNumMsgs; ++k) {
     const Msg& m = kMsgs[k];
     uint8_t* src = m.len <= kLocal ? buf : nullptr;
-    CHECK(src, "message too big");
+    REQUIRE(src, "message too big");
     for (size_t i = 0; i < m.len; ++i) src[i] = pattern(k, i);
     ibv_sge sg{reinterpret_cast<uintptr_t>(src), m.len, mr->lkey};
     uint64_t ra = m.op == IBV_WR_RDMA_WRITE_WITH_IMM ? raddr + kWriteOff : 0;
-    CHECK(post_xrc(ini[0], m.op, k, srqn, &sg, m.len ? 1 : 0, ra, rkey, k) == 0, "post_send %u", k);
+    REQUIRE(post_xrc(ini[0], m.op, k, srqn, &sg, m.len ? 1 : 0, ra, rkey, k) == 0, "post_send %u", k);
     expect_send(k, IBV_WC_SUCCESS);
   }
-  CHECK(recv_line() == "received", "protocol");
+  REQUIRE(recv_line() == "received", "protocol");
 
   // 2. Into our own SRQ through the target's XRC_RECV QP: the QP is in the
   // target process, the SRQ (and its CQ) here.
   for (uint32_t k = 0; k < 2; ++k)
-    CHECK(post_srq(my_srq, 500 + k, rbuf + k * kSlot, kSlot, rmr->lkey) == 0, "post_srq_recv");
+    REQUIRE(post_srq(my_srq, 500 + k, rbuf + k * kSlot, kSlot, rmr->lkey) == 0, "post_srq_recv");
   for (uint32_t k = 0; k < 2; ++k) {
     const uint32_t len = k ? 70000 : 33;
     for (size_t i = 0; i < len; ++i) buf[i] = pattern(40 + k, i);
     ibv_sge sg{reinterpret_cast<uintptr_t>(buf), len, mr->lkey};
-    CHECK(post_xrc(ini[0], IBV_WR_SEND, 100 + k, my_srqn, &sg, 1) == 0, "post_send into our SRQ");
+    REQUIRE(post_xrc(ini[0], IBV_WR_SEND, 100 + k, my_srqn, &sg, 1) == 0, "post_send into our SRQ");
     expect_send(100 + k, IBV_WC_SUCCESS);
     ibv_wc wc{};
-    CHECK(dp::poll_one(rcq, &wc, 20000), "no completion in our SRQ's CQ");
-    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 500 + k && wc.byte_len == len && wc.qp_num == t[0] &&
+    REQUIRE(harness::poll_one(rcq, &wc, 20000), "no completion in our SRQ's CQ");
+    REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 500 + k && wc.byte_len == len && wc.qp_num == t[0] &&
               wc.opcode == IBV_WC_RECV && wc.src_qp == ini[0]->qp_num,
           "receive into our SRQ: %s (expected qp_num %u)", wc_str(wc).c_str(), static_cast<uint32_t>(t[0]));
-    for (size_t i = 0; i < len; ++i) CHECK(rbuf[k * kSlot + i] == pattern(40 + k, i), "byte %zu differs", i);
+    for (size_t i = 0; i < len; ++i) REQUIRE(rbuf[k * kSlot + i] == pattern(40 + k, i), "byte %zu differs", i);
   }
 
   // 3. RDMA WRITE and READ through the XRC_RECV QP (the SRQ's PD checks the rkey).
   for (size_t i = 0; i < 4096; ++i) buf[i] = pattern(77, i);
   ibv_sge wsg{reinterpret_cast<uintptr_t>(buf), 4096, mr->lkey};
-  CHECK(post_xrc(ini[0], IBV_WR_RDMA_WRITE, 200, srqn, &wsg, 1, raddr + kRdmaOff, rkey) == 0, "post WRITE");
+  REQUIRE(post_xrc(ini[0], IBV_WR_RDMA_WRITE, 200, srqn, &wsg, 1, raddr + kRdmaOff, rkey) == 0, "post WRITE");
   expect_send(200, IBV_WC_SUCCESS);
   ibv_sge rsg{reinterpret_cast<uintptr_t>(rbuf), 4096, rmr->lkey};
-  CHECK(post_xrc(ini[0], IBV_WR_RDMA_READ, 201, srqn, &rsg, 1, raddr + kRdmaOff, rkey) == 0, "post READ");
+  REQUIRE(post_xrc(ini[0], IBV_WR_RDMA_READ, 201, srqn, &rsg, 1, raddr + kRdmaOff, rkey) == 0, "post READ");
   expect_send(201, IBV_WC_SUCCESS);
-  CHECK(std::memcmp(rbuf, buf, 4096) == 0, "RDMA READ returned other bytes");
+  REQUIRE(std::memcmp(rbuf, buf, 4096) == 0, "RDMA READ returned other bytes");
   // A bad rkey is a remote access error, as on RC.
-  CHECK(post_xrc(ini[0], IBV_WR_RDMA_WRITE, 202, srqn, &wsg, 1, raddr + kRdmaOff, rkey + 1) == 0, "post WRITE");
+  REQUIRE(post_xrc(ini[0], IBV_WR_RDMA_WRITE, 202, srqn, &wsg, 1, raddr + kRdmaOff, rkey + 1) == 0, "post WRITE");
   expect_send(202, IBV_WC_REM_ACCESS_ERR);
-  CHECK(dp::qp_state(ini[0]) == IBV_QPS_ERR, "XRC_SEND after a remote access error: %s",
-        dp::qp_state_name(dp::qp_state(ini[0])));
+  REQUIRE(harness::qp_state(ini[0]) == IBV_QPS_ERR, "XRC_SEND after a remote access error: %s",
+        harness::qp_state_name(harness::qp_state(ini[0])));
 
   // 4. An SRQ number that names no SRQ, and one of another domain.
   const uint32_t bogus = (srqn & 0xff0000) | (4000u << 4) | 5u;
   ibv_sge one{reinterpret_cast<uintptr_t>(buf), 8, mr->lkey};
-  CHECK(post_xrc(ini[1], IBV_WR_SEND, 300, bogus, &one, 1) == 0, "post_send");
+  REQUIRE(post_xrc(ini[1], IBV_WR_SEND, 300, bogus, &one, 1) == 0, "post_send");
   expect_send(300, IBV_WC_REM_INV_REQ_ERR);
-  CHECK(dp::qp_state(ini[1]) == IBV_QPS_ERR, "XRC_SEND after REM_INV_REQ_ERR is not in ERR");
-  CHECK(post_xrc(ini[2], IBV_WR_SEND, 301, psrqn, &one, 1) == 0, "post_send");
+  REQUIRE(harness::qp_state(ini[1]) == IBV_QPS_ERR, "XRC_SEND after REM_INV_REQ_ERR is not in ERR");
+  REQUIRE(post_xrc(ini[2], IBV_WR_SEND, 301, psrqn, &one, 1) == 0, "post_send");
   expect_send(301, IBV_WC_REM_INV_REQ_ERR);
   send_line("done");
 
   // Teardown: EBUSY while our SRQ uses the domain.
-  for (auto& q : ini) CHECK(ibv_destroy_qp(q) == 0, "destroy XRC_SEND");
-  CHECK(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with an SRQ: not EBUSY");
-  CHECK(ibv_destroy_srq(my_srq) == 0, "destroy_srq");
-  CHECK(ibv_close_xrcd(xrcd) == 0, "close_xrcd");
-  CHECK(ibv_destroy_cq(scq) == 0 && ibv_destroy_cq(rcq) == 0, "destroy_cq");
-  CHECK(ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(rmr) == 0 && ibv_dealloc_pd(pd) == 0, "dereg/dealloc");
+  for (auto& q : ini) REQUIRE(ibv_destroy_qp(q) == 0, "destroy XRC_SEND");
+  REQUIRE(ibv_close_xrcd(xrcd) == EBUSY, "close_xrcd with an SRQ: not EBUSY");
+  REQUIRE(ibv_destroy_srq(my_srq) == 0, "destroy_srq");
+  REQUIRE(ibv_close_xrcd(xrcd) == 0, "close_xrcd");
+  REQUIRE(ibv_destroy_cq(scq) == 0 && ibv_destroy_cq(rcq) == 0, "destroy_cq");
+  REQUIRE(ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(rmr) == 0 && ibv_dealloc_pd(pd) == 0, "dereg/dealloc");
   ::close(fd);
-  CHECK(ibv_close_device(ctx) == 0, "close_device");
+  REQUIRE(ibv_close_device(ctx) == 0, "close_device");
   std::free(buf);
   std::free(rbuf);
   std::printf("INITIATOR OK\n");
@@ -437,25 +423,17 @@ int run_initiator(const std::string& domain_file) {
 
 // ------------------------------------------------------------ gtest
 
-std::string self_exe() {
-  char b[4096];
-  ssize_t n = ::readlink("/proc/self/exe", b, sizeof b - 1);
-  if (n <= 0) return "";
-  b[n] = '\0';
-  return b;
-}
-
 class XrcLocal : public ::testing::Test {
  protected:
   void SetUp() override {
-    DP_REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     std::string why;
-    ctx_ = dp::open_shm0(&why);
+    ctx_ = harness::open_shm0(&why);
     ASSERT_NE(ctx_, nullptr) << why;
     pd_ = ibv_alloc_pd(ctx_);
     cq_ = ibv_create_cq(ctx_, 16, nullptr, nullptr, 0);
     ASSERT_TRUE(pd_ && cq_);
-    file_ = dp::Home::get().path() + "/domain-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    file_ = harness::Home::get().path() + "/domain-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fd_ = ::open(file_.c_str(), O_RDONLY | O_CREAT, 0600);
     ASSERT_GE(fd_, 0);
   }
@@ -590,7 +568,7 @@ TEST_F(XrcLocal, OpenQp) {
   ASSERT_TRUE(x && y && p);
   ibv_qp* q = create_xrc_recv(ctx_, x);
   ASSERT_NE(q, nullptr);
-  ASSERT_EQ(dp::qp_to_init(q, 0), 0);
+  ASSERT_EQ(harness::qp_to_init(q, 0), 0);
   ibv_qp_open_attr oa{};
   oa.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
   oa.qp_num = q->qp_num;
@@ -610,32 +588,32 @@ TEST_F(XrcLocal, OpenQp) {
   // The QP outlives its creator's handle.
   EXPECT_EQ(ibv_destroy_qp(q), 0);
   EXPECT_EQ(ibv_close_xrcd(x), 0);
-  EXPECT_EQ(dp::qp_state(o), IBV_QPS_INIT);
+  EXPECT_EQ(harness::qp_state(o), IBV_QPS_INIT);
   EXPECT_EQ(ibv_destroy_qp(o), 0);
   EXPECT_EQ(ibv_close_xrcd(y), 0);
   EXPECT_EQ(ibv_close_xrcd(p), 0);
 }
 
 TEST(XrcPair, TwoProcessesShareADomain) {
-  DP_REQUIRE_DEVICE();
-  auto& home = dp::Home::get();
+  HARNESS_REQUIRE_DEVICE();
+  auto& home = harness::Home::get();
   const std::string file = home.path() + "/xrc-domain-pair";
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  std::string exe = self_exe();
-  dp::Child target, initiator;
-  bool started = target.start(home.run_argv({exe, "--worker", "target", file}), sv[0]) &&
-                 initiator.start(home.run_argv({exe, "--worker", "initiator", file}), sv[1]);
+  std::string exe = harness::self_exe();
+  harness::Child target, initiator;
+  bool started = target.start(home.run_argv({exe, "--worker", "target", file}), {.fd3 = sv[0]}) &&
+                 initiator.start(home.run_argv({exe, "--worker", "initiator", file}), {.fd3 = sv[1]});
   ::close(sv[0]);
   ::close(sv[1]);
   ASSERT_TRUE(started) << target.output() << initiator.output();
-  auto deadline = dp::Clock::now() + std::chrono::seconds(90);
-  while (!target.exited() && !initiator.exited() && dp::Clock::now() < deadline) {
+  auto deadline = harness::Clock::now() + std::chrono::seconds(90);
+  while (!target.exited() && !initiator.exited() && harness::Clock::now() < deadline) {
     target.drain(0);
     initiator.drain(20);
   }
-  dp::RunResult i = initiator.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(20)));
-  dp::RunResult t = target.wait(std::min(deadline, dp::Clock::now() + std::chrono::seconds(20)));
+  harness::Result i = initiator.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(20)));
+  harness::Result t = target.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(20)));
   std::printf("--- initiator ---\n%s--- target ---\n%s", i.out.c_str(), t.out.c_str());
   EXPECT_TRUE(i.ok()) << i.describe();
   EXPECT_TRUE(t.ok()) << t.describe();
@@ -647,7 +625,7 @@ TEST(XrcPair, TwoProcessesShareADomain) {
 
 }  // namespace
 
-DP_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "dptest");
 
 int main(int argc, char** argv) {
   if (argc > 3 && std::string(argv[1]) == "--worker") {
@@ -657,10 +635,5 @@ int main(int argc, char** argv) {
     if (role == "initiator") return run_initiator(argv[3]);
     die("unknown role %s", role.c_str());
   }
-  if (::geteuid() != 0) {
-    std::printf("SKIP: not root: `shmrdma up` must create the device node under /dev/infiniband\n");
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return harness::run_tests_as_root(argc, argv);
 }

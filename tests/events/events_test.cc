@@ -9,22 +9,22 @@
 #include <filesystem>
 #include <sstream>
 
-#include "harness.h"
+#include "home.h"
 
-SHMRDMA_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "itest", .root_only = false);
 
 namespace {
 
-using itest::Child;
-using itest::Home;
+using harness::Child;
+using harness::Home;
 
 constexpr int kStepMs = 15'000;
 
-std::string helper() { return itest::env_or_empty("EVENTS_HELPER_BIN"); }
+std::string helper() { return harness::getenv_str("EVENTS_HELPER_BIN"); }
 
 // `shmrdma --home H run events_helper ARGS...`
 std::vector<std::string> run_helper(std::vector<std::string> args) {
-  std::vector<std::string> v = {itest::shmrdma_bin(), "--home", Home::get().path(), "run", helper()};
+  std::vector<std::string> v = {harness::Home::bin(), "--home", Home::get().path(), "run", helper()};
   v.insert(v.end(), args.begin(), args.end());
   return v;
 }
@@ -35,7 +35,7 @@ std::string ask(Child& c, const std::string& cmd, int timeout_ms = kStepMs) {
   auto l = c.read_line(timeout_ms);
   if (!l) {
     ADD_FAILURE() << "no answer to `" << cmd << "` within " << timeout_ms << " ms; output so far:\n"
-                  << c.output_so_far() << "\nstderr:\n" << c.stderr_text();
+                  << c.output() << "\nstderr:\n" << c.errors();
     return "";
   }
   return *l;
@@ -45,15 +45,14 @@ std::string ask(Child& c, const std::string& cmd, int timeout_ms = kStepMs) {
 struct Pair {
   Child a, b;
   bool start() {
-    std::string why;
-    if (!a.start(run_helper({"node"}), &why) || !b.start(run_helper({"node"}), &why)) {
-      ADD_FAILURE() << why;
+    if (!a.start(run_helper({"node"}), harness::kDialog) || !b.start(run_helper({"node"}), harness::kDialog)) {
+      ADD_FAILURE() << a.output() << b.output();
       return false;
     }
-    auto aa = a.wait_for("ADDR ", kStepMs), ba = b.wait_for("ADDR ", kStepMs);
+    auto aa = a.wait_line("ADDR ", kStepMs), ba = b.wait_line("ADDR ", kStepMs);
     if (!aa || !ba) {
-      ADD_FAILURE() << "no ADDR line\nA: " << a.output_so_far() << a.stderr_text() << "\nB: " << b.output_so_far()
-                    << b.stderr_text();
+      ADD_FAILURE() << "no ADDR line\nA: " << a.output() << a.errors() << "\nB: " << b.output()
+                    << b.errors();
       return false;
     }
     return ask(a, "CONNECT " + ba->substr(5)) == "OK connected" && ask(b, "CONNECT " + aa->substr(5)) == "OK connected";
@@ -68,21 +67,21 @@ struct Pair {
 };
 
 void expect_helper_ok(const std::string& mode, const std::string& want) {
-  itest::Result r = itest::run(run_helper({mode}), 60'000);
+  harness::Result r = harness::run(run_helper({mode}), 60'000);
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find(want), std::string::npos) << r.describe();
 }
 
 TEST(Events, EnvPreloadsTheShim) {
-  REQUIRE_DEVICE();
-  itest::Result r = Home::get().shmrdma({"env"});
+  HARNESS_REQUIRE_DEVICE();
+  harness::Result r = Home::get().shmrdma({"env"});
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("export LD_PRELOAD="), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("libshmrdma-shim.so"), std::string::npos) << r.out;
   // Prepended to what is there, which is kept.
   const std::string other = "/lib/x86_64-linux-gnu/libm.so.6";
   if (!std::filesystem::exists(other)) GTEST_SKIP() << other << " does not exist";
-  r = itest::run({"sh", "-c", "LD_PRELOAD=" + other + " ASAN_OPTIONS=verify_asan_link_order=0 \"$0\" --home \"$1\" env", itest::shmrdma_bin(),
+  r = harness::run({"sh", "-c", "LD_PRELOAD=" + other + " ASAN_OPTIONS=verify_asan_link_order=0 \"$0\" --home \"$1\" env", harness::Home::bin(),
                   Home::get().path()});
   ASSERT_TRUE(r.ok()) << r.describe();
   auto shim = r.out.find("libshmrdma-shim.so"), libm = r.out.find(other);
@@ -92,29 +91,29 @@ TEST(Events, EnvPreloadsTheShim) {
 }
 
 TEST(Events, CqExPollApiOnLoopbackPair) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   expect_helper_ok("loopback-ex", "OK loopback-ex");
 }
 
 TEST(Events, ResizeKeepsCompletionsAndRejectsTooSmall) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   expect_helper_ok("resize", "OK resize");
 }
 
 TEST(Events, DestroyCqBusyAndChannelRefcounts) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   expect_helper_ok("busy", "OK busy");
 }
 
 TEST(Events, WithoutTheShimChannelsFailCleanly) {
-  REQUIRE_DEVICE();
-  itest::Result r = itest::run({"env", "-u", "LD_PRELOAD", helper(), "no-shim"}, 60'000);
+  HARNESS_REQUIRE_DEVICE();
+  harness::Result r = harness::run({"env", "-u", "LD_PRELOAD", helper(), "no-shim"}, 60'000);
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("OK no-shim"), std::string::npos) << r.describe();
 }
 
 TEST(Events, EventForACompletionFromAPeer) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Pair p;
   ASSERT_TRUE(p.start());
   ASSERT_EQ(ask(p.a, "RECV 8"), "OK posted 8");
@@ -137,7 +136,7 @@ TEST(Events, EventForACompletionFromAPeer) {
 }
 
 TEST(Events, SolicitedOnly) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Pair p;
   ASSERT_TRUE(p.start());
   ASSERT_EQ(ask(p.a, "RECV 8"), "OK posted 8");
@@ -158,7 +157,7 @@ TEST(Events, SolicitedOnly) {
 }
 
 TEST(Events, EventForALocalSendCompletion) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Pair p;
   ASSERT_TRUE(p.start());
   ASSERT_EQ(ask(p.b, "RECV 4"), "OK posted 4");
@@ -173,16 +172,16 @@ TEST(Events, EventForALocalSendCompletion) {
 // An initiator blocked in ibv_get_cq_event while its send waits for the
 // receiver (RNR) is woken when the receiver posts a receive.
 TEST(Events, BlockedInitiatorWakesWhenTheReceiverPosts) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Pair p;
   ASSERT_TRUE(p.start());
   ASSERT_EQ(ask(p.a, "ARM send 0"), "OK armed send 0");
   ASSERT_EQ(ask(p.a, "SEND 1 sig"), "OK sent 1");  // B has no receive posted
   ASSERT_TRUE(p.a.write_line("EVENT"));
-  EXPECT_FALSE(p.a.read_line(400)) << "an event before the receiver posted: " << p.a.output_so_far();
+  EXPECT_FALSE(p.a.read_line(400)) << "an event before the receiver posted: " << p.a.output();
   ASSERT_EQ(ask(p.b, "RECV 1"), "OK posted 1");
   auto l = p.a.read_line(kStepMs);
-  ASSERT_TRUE(l) << "the initiator was not woken: " << p.a.output_so_far() << p.a.stderr_text();
+  ASSERT_TRUE(l) << "the initiator was not woken: " << p.a.output() << p.a.errors();
   EXPECT_EQ(*l, "EVENT send");
   EXPECT_EQ(ask(p.a, "POLL send 1"), "POLLED 0");
   EXPECT_EQ(ask(p.b, "POLL recv 1"), "POLLED 0");
@@ -198,28 +197,27 @@ TEST(Events, BlockedInitiatorWakesWhenTheReceiverPosts) {
   EXPECT_EQ(ask(p.b, "POLL recv 1"), "POLLED 1");
   ASSERT_EQ(ask(p.b, "SEND 1"), "OK sent 1");
   l = p.a.read_line(kStepMs);
-  ASSERT_TRUE(l) << "A did not get the reply's event: " << p.a.output_so_far() << p.a.stderr_text();
+  ASSERT_TRUE(l) << "A did not get the reply's event: " << p.a.output() << p.a.errors();
   EXPECT_EQ(*l, "EVENT recv");
   EXPECT_EQ(ask(p.a, "POLL recv 1"), "POLLED 0");
   p.quit();
 }
 
 TEST(Events, ResizeWhileAPeerProduces) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   constexpr int kMessages = 20000;
   Child owner, sender;
-  std::string why;
-  ASSERT_TRUE(owner.start(run_helper({"stress-owner", std::to_string(kMessages)}), &why)) << why;
-  ASSERT_TRUE(sender.start(run_helper({"stress-sender", std::to_string(kMessages)}), &why)) << why;
-  auto oa = owner.wait_for("ADDR ", kStepMs), sa = sender.wait_for("ADDR ", kStepMs);
-  ASSERT_TRUE(oa && sa) << owner.output_so_far() << owner.stderr_text() << sender.output_so_far()
-                        << sender.stderr_text();
+  ASSERT_TRUE(owner.start(run_helper({"stress-owner", std::to_string(kMessages)}), harness::kDialog)) << owner.output();
+  ASSERT_TRUE(sender.start(run_helper({"stress-sender", std::to_string(kMessages)}), harness::kDialog)) << sender.output();
+  auto oa = owner.wait_line("ADDR ", kStepMs), sa = sender.wait_line("ADDR ", kStepMs);
+  ASSERT_TRUE(oa && sa) << owner.output() << owner.errors() << sender.output()
+                        << sender.errors();
   ASSERT_TRUE(owner.write_line("CONNECT " + sa->substr(5)));
-  ASSERT_TRUE(owner.wait_for("READY", kStepMs)) << owner.output_so_far() << owner.stderr_text();
+  ASSERT_TRUE(owner.wait_line("READY", kStepMs)) << owner.output() << owner.errors();
   ASSERT_TRUE(sender.write_line("CONNECT " + oa->substr(5)));
-  auto done = owner.wait_for("RECEIVED ", 80'000);
-  ASSERT_TRUE(done) << "owner: " << owner.output_so_far() << owner.stderr_text()
-                    << "\nsender: " << sender.output_so_far() << sender.stderr_text();
+  auto done = owner.wait_line("RECEIVED ", 80'000);
+  ASSERT_TRUE(done) << "owner: " << owner.output() << owner.errors()
+                    << "\nsender: " << sender.output() << sender.errors();
   std::istringstream in(done->substr(9));
   long got = 0;
   std::string word;
@@ -235,22 +233,21 @@ TEST(Events, ResizeWhileAPeerProduces) {
 // The FIFO of a channel whose process died is removed by the next registry
 // operation that reclaims (here `shmrdma status`).
 TEST(Events, DeadProcessChannelFifoIsReclaimed) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
-  std::string why;
-  ASSERT_TRUE(c.start(run_helper({"node"}), &why)) << why;
-  ASSERT_TRUE(c.wait_for("ADDR ", kStepMs)) << c.output_so_far() << c.stderr_text();
+  ASSERT_TRUE(c.start(run_helper({"node"}), harness::kDialog)) << c.output();
+  ASSERT_TRUE(c.wait_line("ADDR ", kStepMs)) << c.output() << c.errors();
   auto chan_files = [] {
     std::vector<std::string> out;
-    for (const auto& f : itest::context_files())
+    for (const auto& f : harness::Home::get().ctx_files())
       if (f.find(".chan") != std::string::npos) out.push_back(f);
     return out;
   };
   EXPECT_EQ(chan_files().size(), 1u);
-  c.kill_and_reap(SIGKILL);
+  c.kill(SIGKILL);
   Home::get().status();
   EXPECT_TRUE(chan_files().empty());
-  EXPECT_TRUE(itest::context_files().empty());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty());
 }
 
 }  // namespace

@@ -8,19 +8,19 @@
 #include <cstring>
 #include <string>
 
-#include "harness.h"
+#include "home.h"
 
-SHMRDMA_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "itest", .root_only = false);
 
 namespace {
 
-using itest::Home;
-using itest::Result;
+using harness::Home;
+using harness::Result;
 
 class Device : public ::testing::Test {
  protected:
   void SetUp() override {
-    REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     int n = 0;
     list_ = ibv_get_device_list(&n);
     ASSERT_NE(list_, nullptr) << "ibv_get_device_list: " << std::strerror(errno);
@@ -160,7 +160,7 @@ TEST_F(Device, StatusListsThisProcess) {
 
 class StockTools : public ::testing::Test {
  protected:
-  void SetUp() override { REQUIRE_DEVICE(); }
+  void SetUp() override { HARNESS_REQUIRE_DEVICE(); }
 };
 
 TEST_F(StockTools, IbvDevinfoVerbose) {
@@ -207,7 +207,7 @@ TEST_F(StockTools, RunPassesArgumentsVerbatim) {
 TEST_F(StockTools, RunSetsTheEnvironment) {
   Result r = Home::get().shmrdma({"run", "--", "sh", "-c", "printf '%s|%s|%s' \"$SHMRDMA_HOME\" \"$SYSFS_PATH\" \"$RDMAV_DRIVERS\""});
   ASSERT_TRUE(r.ok()) << r.describe();
-  EXPECT_EQ(r.out, Home::get().path() + "|" + Home::get().path() + "/sys|" + itest::env_or_empty("RDMAV_DRIVERS"));
+  EXPECT_EQ(r.out, Home::get().path() + "|" + Home::get().path() + "/sys|" + harness::getenv_str("RDMAV_DRIVERS"));
 }
 
 TEST_F(StockTools, RunWithoutProgramFails) {

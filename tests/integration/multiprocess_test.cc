@@ -11,19 +11,19 @@
 #include <string>
 #include <vector>
 
-#include "harness.h"
+#include "home.h"
 
-SHMRDMA_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "itest", .root_only = false);
 
 namespace {
 
-using itest::Child;
-using itest::Home;
-using itest::Result;
+using harness::Child;
+using harness::Home;
+using harness::Result;
 
 constexpr int kTimeoutMs = 30'000;
 
-std::string holder_bin() { return itest::env_or_empty("OBJ_HOLDER_BIN"); }
+std::string holder_bin() { return harness::getenv_str("OBJ_HOLDER_BIN"); }
 
 // The holders are started directly: they inherit the environment the
 // harness took from `shmrdma env` (wq_demo_test covers `shmrdma run`).
@@ -53,7 +53,7 @@ Ready parse_ready(const std::string& line) {
 class MultiProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     ASSERT_FALSE(holder_bin().empty()) << "OBJ_HOLDER_BIN is not set";
   }
 };
@@ -72,18 +72,17 @@ TEST_F(MultiProcess, TwoProcessesCreateAtTheSameTimeAndEachIsListed) {
   std::vector<std::unique_ptr<Child>> kids;
   for (auto& s : specs) {
     kids.push_back(std::make_unique<Child>());
-    std::string why;
-    ASSERT_TRUE(kids.back()->start(holder_argv(s.args), &why)) << why;
+    ASSERT_TRUE(kids.back()->start(holder_argv(s.args), harness::kDialog)) << kids.back()->output();
   }
   // Both have the device open before either creates anything.
   for (auto& k : kids) {
-    auto line = k->wait_for("OPEN ", kTimeoutMs);
+    auto line = k->wait_line("OPEN ", kTimeoutMs);
     ASSERT_TRUE(line.has_value()) << "no OPEN line: " << k->wait(1000).describe();
   }
   for (auto& k : kids) ASSERT_TRUE(k->write_line("GO"));
   std::vector<Ready> ready;
   for (auto& k : kids) {
-    auto line = k->wait_for("READY ", kTimeoutMs);
+    auto line = k->wait_line("READY ", kTimeoutMs);
     ASSERT_TRUE(line.has_value()) << "no READY line: " << k->wait(1000).describe();
     ready.push_back(parse_ready(*line));
     EXPECT_EQ(ready.back().pid, k->pid());
@@ -125,20 +124,19 @@ TEST_F(MultiProcess, TwoProcessesCreateAtTheSameTimeAndEachIsListed) {
     EXPECT_TRUE(r.ok()) << r.describe();
     EXPECT_NE(r.out.find("OK"), std::string::npos) << r.describe();
   }
-  EXPECT_TRUE(itest::context_files().empty()) << "a holder left context files behind: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "a holder left context files behind: " << harness::join(harness::Home::get().ctx_files());
   st = Home::get().status();
   EXPECT_TRUE(Home::pids(st).empty()) << st.dump(2);
 }
 
 TEST_F(MultiProcess, KillingOneLeavesTheOtherIntact) {
   Child a, b;
-  std::string why;
-  ASSERT_TRUE(a.start(holder_argv({"--pd", "1", "--cq", "1", "--wq", "3", "--rdy"}), &why)) << why;
-  ASSERT_TRUE(b.start(holder_argv({"--pd", "2", "--cq", "2", "--wq", "2"}), &why)) << why;
-  ASSERT_TRUE(a.wait_for("READY ", kTimeoutMs).has_value()) << a.wait(1000).describe();
-  ASSERT_TRUE(b.wait_for("READY ", kTimeoutMs).has_value()) << b.wait(1000).describe();
+  ASSERT_TRUE(a.start(holder_argv({"--pd", "1", "--cq", "1", "--wq", "3", "--rdy"}), harness::kDialog)) << a.output();
+  ASSERT_TRUE(b.start(holder_argv({"--pd", "2", "--cq", "2", "--wq", "2"}), harness::kDialog)) << b.output();
+  ASSERT_TRUE(a.wait_line("READY ", kTimeoutMs).has_value()) << a.wait(1000).describe();
+  ASSERT_TRUE(b.wait_line("READY ", kTimeoutMs).has_value()) << b.wait(1000).describe();
   pid_t apid = a.pid();
-  a.kill_and_reap(SIGKILL);
+  a.kill(SIGKILL);
 
   nlohmann::json st = Home::get().status();
   EXPECT_TRUE(Home::find_process(st, apid).is_null()) << st.dump(2);
@@ -147,13 +145,13 @@ TEST_F(MultiProcess, KillingOneLeavesTheOtherIntact) {
   EXPECT_EQ(p["objects"].value("pd", -1), 2);
   EXPECT_EQ(p["objects"].value("cq", -1), 2);
   EXPECT_EQ(p["objects"].value("wq", -1), 2);
-  EXPECT_EQ(itest::context_segments().size(), 1u) << itest::join(itest::context_files());
+  EXPECT_EQ(harness::Home::get().ctx_segments().size(), 1u) << harness::join(harness::Home::get().ctx_files());
 
   // The survivor still works to the end.
   ASSERT_TRUE(b.write_line("done"));
   Result r = b.wait(kTimeoutMs);
   EXPECT_TRUE(r.ok()) << r.describe();
-  EXPECT_TRUE(itest::context_files().empty()) << "left over: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "left over: " << harness::join(harness::Home::get().ctx_files());
 }
 
 // max_pd is a device limit: what one process holds, another cannot have.
@@ -173,9 +171,8 @@ TEST_F(MultiProcess, DeviceLimitsAreSharedBetweenProcesses) {
   ASSERT_GT(held, 0);
 
   Child a;
-  std::string why;
-  ASSERT_TRUE(a.start(holder_argv({"--pd", std::to_string(held)}), &why)) << why;
-  auto line = a.wait_for("READY ", kTimeoutMs);
+  ASSERT_TRUE(a.start(holder_argv({"--pd", std::to_string(held)}), harness::kDialog)) << a.output();
+  auto line = a.wait_line("READY ", kTimeoutMs);
   ASSERT_TRUE(line.has_value()) << a.wait(1000).describe();
 
   std::vector<ibv_pd*> mine;
@@ -193,7 +190,7 @@ TEST_F(MultiProcess, DeviceLimitsAreSharedBetweenProcesses) {
   // A second holder asking for more is refused too.
   {
     Child b;
-    ASSERT_TRUE(b.start(holder_argv({"--pd", "1"}), &why)) << why;
+    ASSERT_TRUE(b.start(holder_argv({"--pd", "1"}), harness::kDialog)) << b.output();
     auto l = b.read_line(kTimeoutMs);
     ASSERT_TRUE(l.has_value()) << "no answer from a third process: " << b.wait(1000).describe();
     EXPECT_EQ(*l, "FAIL pd " + std::to_string(ENOMEM)) << "a third process got a PD beyond max_pd";
@@ -232,13 +229,12 @@ TEST_F(MultiProcess, KilledProcessShareIsReclaimed) {
   const int max_pd = attr.max_pd;
 
   Child a;
-  std::string why;
-  ASSERT_TRUE(a.start(holder_argv({"--pd", std::to_string(max_pd)}), &why)) << why;
-  ASSERT_TRUE(a.wait_for("READY ", kTimeoutMs).has_value()) << a.wait(1000).describe();
+  ASSERT_TRUE(a.start(holder_argv({"--pd", std::to_string(max_pd)}), harness::kDialog)) << a.output();
+  ASSERT_TRUE(a.wait_line("READY ", kTimeoutMs).has_value()) << a.wait(1000).describe();
   errno = 0;
   EXPECT_EQ(ibv_alloc_pd(ctx), nullptr);
   EXPECT_EQ(errno, ENOMEM);
-  a.kill_and_reap(SIGKILL);
+  a.kill(SIGKILL);
 
   Result up = Home::get().shmrdma({"up", "--name", "shm0"});
   ASSERT_TRUE(up.ok()) << up.describe();

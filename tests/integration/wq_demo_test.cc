@@ -7,22 +7,22 @@
 #include <algorithm>
 #include <string>
 
-#include "harness.h"
+#include "home.h"
 
-SHMRDMA_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "itest", .root_only = false);
 
 namespace {
 
-using itest::Child;
-using itest::Home;
-using itest::Result;
+using harness::Child;
+using harness::Home;
+using harness::Result;
 
 constexpr int kReadyTimeoutMs = 20'000;
 
-std::string wq_demo_bin() { return itest::env_or_empty("WQ_DEMO_BIN"); }
+std::string wq_demo_bin() { return harness::getenv_str("WQ_DEMO_BIN"); }
 
 std::vector<std::string> demo_argv(bool hold) {
-  std::vector<std::string> a = {itest::shmrdma_bin(), "--home", Home::get().path(), "run", "--", wq_demo_bin()};
+  std::vector<std::string> a = {harness::Home::bin(), "--home", Home::get().path(), "run", "--", wq_demo_bin()};
   if (hold) a.push_back("--hold");
   return a;
 }
@@ -30,12 +30,11 @@ std::vector<std::string> demo_argv(bool hold) {
 // Starts `shmrdma run -- wq_demo --hold` and waits for "READY <pid>".
 // Returns the pid from that line (the run command execs, so it is the child).
 pid_t start_held(Child& c) {
-  std::string why;
-  if (!c.start(demo_argv(true), &why)) {
-    ADD_FAILURE() << why;
+  if (!c.start(demo_argv(true), harness::kDialog)) {
+    ADD_FAILURE() << c.output();
     return -1;
   }
-  auto line = c.wait_for("READY ", kReadyTimeoutMs);
+  auto line = c.wait_line("READY ", kReadyTimeoutMs);
   if (!line) {
     Result r = c.wait(1000);
     ADD_FAILURE() << "wq_demo --hold did not print READY within " << kReadyTimeoutMs << " ms: " << r.describe();
@@ -54,20 +53,20 @@ class WqDemo : public ::testing::Test {
 };
 
 TEST_F(WqDemo, RunsToCompletion) {
-  REQUIRE_DEVICE();
-  Result r = itest::run(demo_argv(false));
+  HARNESS_REQUIRE_DEVICE();
+  Result r = harness::run(demo_argv(false));
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("OK"), std::string::npos) << r.describe();
   EXPECT_EQ(r.err, "") << "wq_demo wrote to stderr";
   // Its context is gone once it exited: the process itself removed its
   // segment (checked before `status`, which would sweep a leftover one).
-  EXPECT_TRUE(itest::context_files().empty()) << "wq_demo left context files behind: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "wq_demo left context files behind: " << harness::join(harness::Home::get().ctx_files());
   nlohmann::json st = Home::get().status();
   EXPECT_TRUE(Home::pids(st).empty()) << st.dump(2);
 }
 
 TEST_F(WqDemo, HeldObjectsAreListedByStatus) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
   pid_t pid = start_held(c);
   ASSERT_GT(pid, 0);
@@ -95,7 +94,7 @@ TEST_F(WqDemo, HeldObjectsAreListedByStatus) {
   EXPECT_EQ(small_reset, 3) << "expected three WQs with max_wr 16, max_sge 1, state RESET:\n" << p["wqs"].dump(2);
   std::sort(nums.begin(), nums.end());
   EXPECT_EQ(std::adjacent_find(nums.begin(), nums.end()), nums.end()) << "WQ numbers repeat: " << p["wqs"].dump();
-  EXPECT_EQ(itest::context_segments().size(), 1u) << itest::join(itest::context_files());
+  EXPECT_EQ(harness::Home::get().ctx_segments().size(), 1u) << harness::join(harness::Home::get().ctx_files());
 
   // The text form lists it too.
   Result text = Home::get().shmrdma({"status"});
@@ -108,13 +107,13 @@ TEST_F(WqDemo, HeldObjectsAreListedByStatus) {
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(r.out.find("OK"), std::string::npos) << r.describe();
 
-  EXPECT_TRUE(itest::context_files().empty()) << "wq_demo left context files behind: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "wq_demo left context files behind: " << harness::join(harness::Home::get().ctx_files());
   st = Home::get().status();
   EXPECT_TRUE(Home::find_process(st, pid).is_null()) << "pid " << pid << " still listed after exit:\n" << st.dump(2);
 }
 
 TEST_F(WqDemo, SigtermReleasesHold) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
   pid_t pid = start_held(c);
   ASSERT_GT(pid, 0);
@@ -126,12 +125,12 @@ TEST_F(WqDemo, SigtermReleasesHold) {
 }
 
 TEST_F(WqDemo, SigkilledProcessIsReclaimed) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
   pid_t pid = start_held(c);
   ASSERT_GT(pid, 0);
-  ASSERT_EQ(itest::context_segments().size(), 1u) << "a held wq_demo should have one context segment: " << itest::join(itest::context_files());
-  int st = c.kill_and_reap(SIGKILL);
+  ASSERT_EQ(harness::Home::get().ctx_segments().size(), 1u) << "a held wq_demo should have one context segment: " << harness::join(harness::Home::get().ctx_files());
+  int st = c.kill(SIGKILL);
   ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
 
   // `up` on a device that is already up reclaims the dead process's context.
@@ -142,35 +141,35 @@ TEST_F(WqDemo, SigkilledProcessIsReclaimed) {
 
   // `up` itself removed the dead context's files (checked before `status`,
   // which sweeps too).
-  EXPECT_TRUE(itest::context_files().empty()) << "left over after up: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "left over after up: " << harness::join(harness::Home::get().ctx_files());
 
   nlohmann::json s = Home::get().status();
   EXPECT_TRUE(Home::find_process(s, pid).is_null()) << "killed pid " << pid << " still listed:\n" << s.dump(2);
   EXPECT_TRUE(Home::pids(s).empty()) << s.dump(2);
-  EXPECT_TRUE(itest::context_files().empty()) << "left over: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "left over: " << harness::join(harness::Home::get().ctx_files());
 
   // A second `up` has nothing left to reclaim, and the device still works.
   Result up2 = Home::get().shmrdma({"up", "--name", "shm0"});
   ASSERT_TRUE(up2.ok()) << up2.describe();
   EXPECT_EQ(up2.out.find("reclaimed"), std::string::npos) << up2.out;
-  Result again = itest::run(demo_argv(false));
+  Result again = harness::run(demo_argv(false));
   ASSERT_TRUE(again.ok()) << again.describe();
   EXPECT_NE(again.out.find("OK"), std::string::npos);
 }
 
 TEST_F(WqDemo, StatusAloneDropsKilledProcess) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
   pid_t pid = start_held(c);
   ASSERT_GT(pid, 0);
-  c.kill_and_reap(SIGKILL);
+  c.kill(SIGKILL);
   nlohmann::json s = Home::get().status();
   EXPECT_TRUE(Home::find_process(s, pid).is_null()) << "killed pid " << pid << " listed as live:\n" << s.dump(2);
-  EXPECT_TRUE(itest::context_files().empty()) << "left over: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "left over: " << harness::join(harness::Home::get().ctx_files());
 }
 
 TEST_F(WqDemo, DownWithoutForceRefusesWhileHeld) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   Child c;
   pid_t pid = start_held(c);
   ASSERT_GT(pid, 0);

@@ -12,13 +12,13 @@
 #include <thread>
 #include <vector>
 
-#include "harness.h"
+#include "home.h"
 
-SHMRDMA_TEST_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "itest", .root_only = false);
 
 namespace {
 
-using itest::Home;
+using harness::Home;
 
 ibv_context* open_shm0() {
   int n = 0;
@@ -63,7 +63,7 @@ Counts status_counts() {
 class Verbs : public ::testing::Test {
  protected:
   void SetUp() override {
-    REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     ctx_ = open_shm0();
     ASSERT_NE(ctx_, nullptr) << "cannot open shm0: " << std::strerror(errno);
     ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &attr_), 0);
@@ -949,7 +949,7 @@ TEST_F(Verbs, ConcurrentPostersFillTheQueueExactly) {
 
 // Closing a context with objects still in it frees them all.
 TEST(Lifecycle, CloseWithLiveObjectsCleansUp) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   ibv_context* ctx = open_shm0();
   ASSERT_NE(ctx, nullptr);
   ibv_pd* pd = ibv_alloc_pd(ctx);
@@ -968,10 +968,10 @@ TEST(Lifecycle, CloseWithLiveObjectsCleansUp) {
   ia.ind_tbl = tbl;
   ASSERT_NE(ibv_create_rwq_ind_table(ctx, &ia), nullptr);
   EXPECT_EQ(status_counts(), (Counts{1, 1, 1, 1}));
-  EXPECT_EQ(itest::context_segments().size(), 1u) << itest::join(itest::context_files());
+  EXPECT_EQ(harness::Home::get().ctx_segments().size(), 1u) << harness::join(harness::Home::get().ctx_files());
   EXPECT_EQ(ibv_close_device(ctx), 0);
   // Checked before `status`, which would sweep a leftover segment.
-  EXPECT_TRUE(itest::context_files().empty()) << "ibv_close_device left context files behind: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "ibv_close_device left context files behind: " << harness::join(harness::Home::get().ctx_files());
   nlohmann::json st = Home::get().status();
   EXPECT_TRUE(Home::find_process(st, ::getpid()).is_null()) << st.dump(2);
   // Their share of the device limits is free again.
@@ -991,7 +991,7 @@ TEST(Lifecycle, CloseWithLiveObjectsCleansUp) {
 
 // Everything a test created is gone once it closed its context.
 TEST(Lifecycle, ClosingTheContextRemovesItFromStatus) {
-  REQUIRE_DEVICE();
+  HARNESS_REQUIRE_DEVICE();
   ibv_context* ctx = open_shm0();
   ASSERT_NE(ctx, nullptr);
   ibv_pd* pd = ibv_alloc_pd(ctx);
@@ -1000,7 +1000,7 @@ TEST(Lifecycle, ClosingTheContextRemovesItFromStatus) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
   EXPECT_EQ(ibv_close_device(ctx), 0);
   // Checked before `status`, which would sweep a leftover segment.
-  EXPECT_TRUE(itest::context_files().empty()) << "ibv_close_device left context files behind: " << itest::join(itest::context_files());
+  EXPECT_TRUE(harness::Home::get().ctx_files().empty()) << "ibv_close_device left context files behind: " << harness::join(harness::Home::get().ctx_files());
   nlohmann::json st = Home::get().status();
   EXPECT_TRUE(Home::find_process(st, ::getpid()).is_null()) << st.dump(2);
 }

@@ -31,12 +31,12 @@
 #include <thread>
 #include <vector>
 
-#include "harness.h"
+#include "home.h"
 
 namespace {
 
-using itest::Child;
-using itest::Result;
+using harness::Child;
+using harness::Result;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -102,7 +102,7 @@ class RoceCtl : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
-    if (!itest::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
+    if (!harness::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
     bin_ = env("SHMRDMA_BIN");
     probe_ = env("ROCE_PROBE_BIN");
     ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and ROCE_PROBE_BIN";
@@ -161,15 +161,15 @@ class RoceCtl : public ::testing::Test {
       }
       ::closedir(d);
     }
-    itest::run({"ip", "netns", "del", ns_a_});
-    itest::run({"ip", "netns", "del", ns_b_});
+    harness::run({"ip", "netns", "del", ns_a_});
+    harness::run({"ip", "netns", "del", ns_b_});
     std::error_code ec;
     fs::remove_all(home_, ec);
   }
 
   void ip(std::vector<std::string> args) {
     args.insert(args.begin(), "ip");
-    Result r = itest::run(args);
+    Result r = harness::run(args);
     ASSERT_TRUE(r.ok()) << r.describe();
   }
 
@@ -180,7 +180,7 @@ class RoceCtl : public ::testing::Test {
   }
   Result shm(const std::string& ns, std::vector<std::string> args, int timeout_ms = 30000) {
     args.insert(args.begin(), {bin_, "--home", home_});
-    return itest::run(in_ns(ns, args), timeout_ms);
+    return harness::run(in_ns(ns, args), timeout_ms);
   }
   Result probe(const std::string& ns, const std::string& dev) {
     return shm(ns, {"run", probe_, dev}, 10000);
@@ -201,7 +201,7 @@ class RoceCtl : public ::testing::Test {
     return {};
   }
   std::string link_field(const std::string& ns, const std::string& ifname, const std::string& key) {
-    Result r = itest::run({"ip", "-n", ns, "-o", "link", "show", ifname});
+    Result r = harness::run({"ip", "-n", ns, "-o", "link", "show", ifname});
     std::smatch m;
     if (key == "ifindex") {
       if (std::regex_search(r.out, m, std::regex("^(\\d+):"))) return m[1];
@@ -367,14 +367,13 @@ TEST_F(RoceCtl, MoreAddressesThanTheTableHolds) {
 TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
   up_a();
   Child watch;
-  std::string why;
-  ASSERT_TRUE(watch.start(in_ns(ns_a_, {bin_, "--home", home_, "run", "ibv_asyncwatch", "-d", "roceA"}), &why)) << why;
+  ASSERT_TRUE(watch.start(in_ns(ns_a_, {bin_, "--home", home_, "run", "ibv_asyncwatch", "-d", "roceA"}), harness::kDialog)) << watch.output();
   cleanup_also_kills(watch.pid());
-  ASSERT_TRUE(watch.wait_for("roceA: async event FD", 20000)) << watch.stderr_text();
+  ASSERT_TRUE(watch.wait_line("roceA: async event FD", 20000)) << watch.errors();
   auto events = [&](const std::string& what) {
     while (watch.read_line(20)) {
     }
-    return count_of(watch.output_so_far(), what);
+    return count_of(watch.output(), what);
   };
   const std::string pd = port_dir("roceA");
   const std::string ifindex = link_field(ns_a_, if_a_, "ifindex");
@@ -385,7 +384,7 @@ TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
     if (ms < 0) {
       const std::string log = device_json(ns_a_, "roceA")["daemon"].value("log", std::string());
       ADD_FAILURE() << what << " not seen within 1 s; ibv_asyncwatch printed:\n"
-                    << watch.output_so_far() << "daemon log " << log << ":\n" << slurp(log);
+                    << watch.output() << "daemon log " << log << ":\n" << slurp(log);
     }
     return ms >= 0;
   };
@@ -467,7 +466,7 @@ TEST_F(RoceCtl, BadInputLeavesNothingBehind) {
   ip({"-n", ns_a_, "link", "add", lz, "type", "veth", "peer", "name", lz2});
   ip({"-n", ns_a_, "link", "set", lz, "up"});
   ip({"-n", ns_a_, "link", "set", lz2, "up"});
-  ASSERT_GE(within(5000, [&] { return contains(itest::run({"ip", "-n", ns_a_, "-6", "addr", "show", lz}).out, "fe80"); }), 0);
+  ASSERT_GE(within(5000, [&] { return contains(harness::run({"ip", "-n", ns_a_, "-6", "addr", "show", lz}).out, "fe80"); }), 0);
   refused(ns_a_, {"up", "--name", "roceX", "--netdev", lz}, "has no IPv4 or global IPv6 address");
   refused(ns_a_, {"up", "--name", "roceX", "--netdev", "lo"}, "not an Ethernet interface");
   refused(ns_a_, {"up", "--name", "roceX", "--netdev", if_a_, "--ports", "2"}, "one port");

@@ -9,13 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "srq_harness.h"
+#include "home.h"
+#include "verbs.h"
 
-SRQT_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "srqtest");
 
 namespace {
 
-using srqt::poll_n;
+using harness::poll_n;
 
 constexpr int kAccess =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
@@ -26,9 +27,9 @@ constexpr uint64_t kRcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRIT
 class QpEx : public ::testing::Test {
  protected:
   void SetUp() override {
-    SRQT_REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     std::string why;
-    ctx_ = srqt::open_shm0(&why);
+    ctx_ = harness::open_shm0(&why);
     ASSERT_NE(ctx_, nullptr) << why;
     pd_ = ibv_alloc_pd(ctx_);
     cq_a_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
@@ -65,23 +66,15 @@ class QpEx : public ::testing::Test {
     return q;
   }
   ibv_qp* make_qp(ibv_cq* cq) {
-    ibv_qp_init_attr a{};
-    a.send_cq = cq;
-    a.recv_cq = cq;
-    a.qp_type = IBV_QPT_RC;
-    a.cap.max_send_wr = 32;
-    a.cap.max_recv_wr = 16;
-    a.cap.max_send_sge = 2;
-    a.cap.max_recv_sge = 2;
-    ibv_qp* q = ibv_create_qp(pd_, &a);
+    ibv_qp* q = harness::create_qp(pd_, cq, IBV_QPT_RC, 32, 16, 2);
     if (q) qps_.push_back(q);
     return q;
   }
   // A (the qp_ex QP) <-> B (a plain QP), connected in this process.
   void connect(ibv_qp* a, ibv_qp* b) {
-    uint16_t lid = srqt::port_lid(ctx_);
-    ASSERT_EQ(srqt::connect_qp(a, b->qp_num, lid, kAccess), 0);
-    ASSERT_EQ(srqt::connect_qp(b, a->qp_num, lid, kAccess), 0);
+    uint16_t lid = harness::port_lid(ctx_);
+    ASSERT_EQ(harness::connect_qp(a, b->qp_num, lid, kAccess), 0);
+    ASSERT_EQ(harness::connect_qp(b, a->qp_num, lid, kAccess), 0);
   }
   void post_recv(ibv_qp* q, uint64_t wr_id, uint64_t off, uint32_t len) {
     ibv_sge sge{addr(off), len, mr_->lkey};

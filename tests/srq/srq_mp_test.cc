@@ -9,22 +9,23 @@
 #include <string>
 #include <vector>
 
-#include "srq_harness.h"
+#include "home.h"
+#include "verbs.h"
 
-SRQT_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "srqtest");
 
 namespace {
 
-using srqt::Child;
-using srqt::Home;
+using harness::Child;
+using harness::Home;
 
 constexpr int kTimeoutMs = 30000;
 
-std::string peer_bin() { return srqt::getenv_str("SRQ_PEER_BIN"); }
+std::string peer_bin() { return harness::getenv_str("SRQ_PEER_BIN"); }
 
 class SrqMultiProcess : public ::testing::Test {
  protected:
-  void SetUp() override { SRQT_REQUIRE_DEVICE(); }
+  void SetUp() override { HARNESS_REQUIRE_DEVICE(); }
 };
 
 TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
@@ -33,7 +34,8 @@ TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
   constexpr int kLimit = 36;  // 40 posted: the 5th consumption goes below
   Child server;
   ASSERT_TRUE(server.start(Home::get().run_argv({peer_bin(), "server", "2", std::to_string(kMsgs),
-                                                 std::to_string(kLimit)})))
+                                                 std::to_string(kLimit)}),
+                           {.stdin_pipe = true}))
       << server.output();
   auto sl = server.wait_line("SERVER ", kTimeoutMs);
   ASSERT_TRUE(sl.has_value()) << "no SERVER line:\n" << server.output();
@@ -48,7 +50,8 @@ TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(clients[i].start(Home::get().run_argv({peer_bin(), "client", std::to_string(i),
                                                        std::to_string(sq[i]), std::to_string(lid),
-                                                       std::to_string(kMsgs)})))
+                                                       std::to_string(kMsgs)}),
+                                 {.stdin_pipe = true}))
         << clients[i].output();
     auto cl = clients[i].wait_line("CLIENT ", kTimeoutMs);
     ASSERT_TRUE(cl.has_value()) << "no CLIENT line:\n" << clients[i].output();
@@ -58,13 +61,15 @@ TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
   ASSERT_TRUE(server.wait_line("READY", kTimeoutMs).has_value()) << server.output();
   for (auto& c : clients) ASSERT_TRUE(c.write_line("GO"));
 
-  std::string why;
   for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(clients[i].wait_exit(kTimeoutMs, &why)) << "client " << i << ": " << why << "\n"
-                                                        << clients[i].output();
+    clients[i].close_stdin();
+    harness::Result r = clients[i].wait(kTimeoutMs);
+    EXPECT_TRUE(r.ok()) << "client " << i << ": " << r.describe();
     EXPECT_NE(clients[i].output().find("SENT 20 OK"), std::string::npos) << clients[i].output();
   }
-  EXPECT_TRUE(server.wait_exit(kTimeoutMs, &why)) << "server: " << why << "\n" << server.output();
+  server.close_stdin();
+  harness::Result sr = server.wait(kTimeoutMs);
+  EXPECT_TRUE(sr.ok()) << "server: " << sr.describe();
   EXPECT_NE(server.output().find("LIMIT_EVENT"), std::string::npos) << server.output();
   EXPECT_NE(server.output().find("RECV 40 OK"), std::string::npos) << server.output();
 }
@@ -78,21 +83,23 @@ TEST_F(SrqMultiProcess, StockIbvSrqPingpong) {
   ASSERT_TRUE(server.start(Home::get().run_argv({"ibv_srq_pingpong", "-g", "0", "-n", "200", "-p", port})))
       << server.output();
   std::unique_ptr<Child> client;
-  std::string why;
+  harness::Result cr;
   bool client_ok = false;
   for (int attempt = 0; attempt < 20 && !client_ok; ++attempt) {
     // The server's output is block-buffered (a pipe), so nothing tells when
     // it listens: retry a client that came too early.
-    std::this_thread::sleep_for(srqt::Ms(200));
+    std::this_thread::sleep_for(harness::Ms(200));
     client = std::make_unique<Child>();
     ASSERT_TRUE(client->start(Home::get().run_argv({"ibv_srq_pingpong", "-g", "0", "-n", "200", "-p", port,
                                                     "localhost"})))
         << client->output();
-    client_ok = client->wait_exit(kTimeoutMs, &why);
+    cr = client->wait(kTimeoutMs);
+    client_ok = cr.ok();
     if (!client_ok && client->output().find("Couldn't connect") == std::string::npos) break;
   }
-  EXPECT_TRUE(client_ok) << "client: " << why << "\n" << client->output();
-  EXPECT_TRUE(server.wait_exit(kTimeoutMs, &why)) << "server: " << why << "\n" << server.output();
+  EXPECT_TRUE(client_ok) << "client: " << cr.describe();
+  harness::Result sr = server.wait(kTimeoutMs);
+  EXPECT_TRUE(sr.ok()) << "server: " << sr.describe();
   for (Child* c : {&server, client.get()}) {
     EXPECT_NE(c->output().find("200 iters in"), std::string::npos) << c->output();
     EXPECT_EQ(c->output().find("Failed"), std::string::npos) << c->output();

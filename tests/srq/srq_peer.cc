@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "verbs.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -50,45 +52,17 @@ void say(const std::string& line) {
 }
 
 ibv_context* open_shm0() {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (!list) die("ibv_get_device_list");
-  ibv_context* ctx = nullptr;
-  for (int i = 0; i < n && !ctx; ++i)
-    if (std::strcmp(ibv_get_device_name(list[i]), "shm0") == 0) ctx = ibv_open_device(list[i]);
-  ibv_free_device_list(list);
-  if (!ctx) die("open shm0");
+  std::string why;
+  ibv_context* ctx = harness::open_shm0(&why);
+  if (!ctx) die(why);
   return ctx;
 }
 
 void connect(ibv_qp* qp, uint32_t dest, uint16_t lid) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = kAccess;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) die("INIT");
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dest;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  a.ah_attr.dlid = lid;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("RTR");
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                        IBV_QP_MAX_QP_RD_ATOMIC))
-    die("RTS");
+  if (int rc = harness::connect_qp(qp, dest, lid, kAccess)) {
+    errno = rc;
+    die("connect (INIT, RTR, RTS)");
+  }
 }
 
 std::string read_line() {
@@ -224,15 +198,7 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs) {
   std::vector<uint8_t> buf(size_t{msgs} * kSlot, 0);
   ibv_mr* mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), kAccess) : nullptr;
   if (!pd || !cq || !mr) die("pd/cq/mr");
-  ibv_qp_init_attr qa{};
-  qa.send_cq = cq;
-  qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = 16;
-  qa.cap.max_recv_wr = 1;
-  qa.cap.max_send_sge = 1;
-  qa.cap.max_recv_sge = 1;
-  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 16, 1);
   if (!qp) die("create_qp");
   say("CLIENT " + std::to_string(qp->qp_num));
   connect(qp, server_qpn, lid);

@@ -9,24 +9,25 @@
 #include <set>
 #include <vector>
 
-#include "srq_harness.h"
+#include "home.h"
+#include "verbs.h"
 
-SRQT_ENVIRONMENT();
+HARNESS_TEST_ENVIRONMENT(.tag = "srqtest");
 
 namespace {
 
-using srqt::connect_qp;
-using srqt::next_async_event;
-using srqt::poll_n;
+using harness::connect_qp;
+using harness::next_async_event;
+using harness::poll_n;
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 class Srq : public ::testing::Test {
  protected:
   void SetUp() override {
-    SRQT_REQUIRE_DEVICE();
+    HARNESS_REQUIRE_DEVICE();
     std::string why;
-    ctx_ = srqt::open_shm0(&why);
+    ctx_ = harness::open_shm0(&why);
     ASSERT_NE(ctx_, nullptr) << why;
     ASSERT_EQ(ibv_query_device(ctx_, &dev_), 0);
     pd_ = ibv_alloc_pd(ctx_);
@@ -105,7 +106,7 @@ class Srq : public ::testing::Test {
     ASSERT_NE(*server, nullptr) << std::strerror(errno);
     *client = make_qp(nullptr);
     ASSERT_NE(*client, nullptr) << std::strerror(errno);
-    uint16_t lid = srqt::port_lid(ctx_);
+    uint16_t lid = harness::port_lid(ctx_);
     ASSERT_EQ(connect_qp(*server, (*client)->qp_num, lid, kAll), 0);
     ASSERT_EQ(connect_qp(*client, (*server)->qp_num, lid, kAll), 0);
   }
@@ -168,7 +169,7 @@ TEST_F(Srq, CreateLimits) {
 TEST_F(Srq, MaxSrqIsDeviceWide) {
   // Another context holds some SRQs: this one gets what is left of max_srq.
   std::string why;
-  ibv_context* ctx2 = srqt::open_shm0(&why);
+  ibv_context* ctx2 = harness::open_shm0(&why);
   ASSERT_NE(ctx2, nullptr) << why;
   ibv_pd* pd2 = ibv_alloc_pd(ctx2);
   ASSERT_NE(pd2, nullptr);
@@ -390,7 +391,7 @@ TEST_F(Srq, QpOnSrqMustShareItsPdAndContext) {
 
   // An SRQ of another context.
   std::string why;
-  ibv_context* ctx2 = srqt::open_shm0(&why);
+  ibv_context* ctx2 = harness::open_shm0(&why);
   ASSERT_NE(ctx2, nullptr) << why;
   ibv_pd* pd2 = ibv_alloc_pd(ctx2);
   ibv_cq* cq2 = ibv_create_cq(ctx2, 16, nullptr, nullptr, 0);
@@ -434,7 +435,7 @@ TEST_F(Srq, QpOnSrqHasNoReceiveQueue) {
   ibv_qp_init_attr qi{};
   ASSERT_EQ(ibv_query_qp(q, &qa, IBV_QP_CAP, &qi), 0);
   EXPECT_EQ(qi.srq, s);
-  ASSERT_EQ(srqt::qp_to_init(q, kAll), 0);
+  ASSERT_EQ(harness::qp_to_init(q, kAll), 0);
   // Receives go to the SRQ: ibv_post_recv on the QP is EINVAL.
   ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), 16, mr_->lkey};
   ibv_recv_wr wr{};
@@ -536,13 +537,13 @@ TEST_F(Srq, ErrorStateRaisesLastWqeReachedAndDoesNotFlushTheSrq) {
   if (HasFatalFailure()) return;
   for (int i = 0; i < 3; ++i) ASSERT_EQ(post_srq(s, 500 + i, 16384 + 64 * i, 64), 0);
 
-  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  ASSERT_EQ(harness::qp_to_err(s1), 0);
   ibv_async_event ev{};
   ASSERT_TRUE(next_async_event(ctx_, &ev, 5000)) << "no LAST_WQE_REACHED";
   EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED) << ibv_event_type_str(ev.event_type);
   EXPECT_EQ(ev.element.qp, s1);
   // Once per entry into ERR.
-  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  ASSERT_EQ(harness::qp_to_err(s1), 0);
   EXPECT_FALSE(next_async_event(ctx_, &ev, 200)) << "second event " << ibv_event_type_str(ev.event_type);
 
   // The SRQ was not flushed: no flush completions, and the other QP still
@@ -562,7 +563,7 @@ TEST_F(Srq, ErrorStateRaisesLastWqeReachedAndDoesNotFlushTheSrq) {
   ibv_qp_attr ra{};
   ra.qp_state = IBV_QPS_RESET;
   ASSERT_EQ(ibv_modify_qp(s1, &ra, IBV_QP_STATE), 0);
-  ASSERT_EQ(srqt::qp_to_err(s1), 0);
+  ASSERT_EQ(harness::qp_to_err(s1), 0);
   ASSERT_TRUE(next_async_event(ctx_, &ev, 5000));
   EXPECT_EQ(ev.event_type, IBV_EVENT_QP_LAST_WQE_REACHED);
   EXPECT_EQ(ev.element.qp, s1);

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-namespace dp {
+namespace harness {
 
 inline constexpr int kCtlFd = 3;
 
@@ -91,4 +91,4 @@ class LineReader {
   bool eof_ = false;
 };
 
-}  // namespace dp
+}  // namespace harness

@@ -1,23 +1,19 @@
-// Small helpers over the public libibverbs API shared by the data-path
-// tests: open shm0, move RC QPs through INIT/RTR/RTS, poll with deadlines.
-#pragma once
+#include "verbs.h"
 
-#include <infiniband/verbs.h>
+#include <fcntl.h>
+#include <poll.h>
 
 #include <cerrno>
 #include <chrono>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <thread>
 
-namespace dp {
+#include "process.h"
 
-// Opens shm0, or the device named by $DP_DEVICE (the tests that place one
-// worker of a pair on a second device of the same home set it for that
-// worker only: Home::up_device, with_device).
-inline ibv_context* open_shm0(std::string* why) {
+namespace harness {
+
+ibv_context* open_shm0(std::string* why) {
   const char* env = std::getenv("DP_DEVICE");
   const std::string name = env && *env ? env : "shm0";
   int n = 0;
@@ -27,20 +23,33 @@ inline ibv_context* open_shm0(std::string* why) {
     return nullptr;
   }
   ibv_context* ctx = nullptr;
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n && !ctx; ++i)
     if (name == ibv_get_device_name(list[i])) ctx = ibv_open_device(list[i]);
   if (!ctx) *why = name + " not found among " + std::to_string(n) + " device(s), or ibv_open_device failed";
   ibv_free_device_list(list);
   return ctx;
 }
 
-inline uint16_t port_lid(ibv_context* ctx) {
+uint16_t port_lid(ibv_context* ctx) {
   ibv_port_attr pa{};
   if (ibv_query_port(ctx, 1, &pa)) return 0;
   return pa.lid;
 }
 
-inline int qp_to_init(ibv_qp* qp, int access) {
+ibv_qp* create_qp(ibv_pd* pd, ibv_cq* cq, ibv_qp_type type, uint32_t max_send_wr, uint32_t max_recv_wr,
+                  uint32_t max_sge) {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = type;
+  ia.cap.max_send_wr = max_send_wr;
+  ia.cap.max_recv_wr = max_recv_wr;
+  ia.cap.max_send_sge = max_sge;
+  ia.cap.max_recv_sge = max_sge;
+  return ibv_create_qp(pd, &ia);
+}
+
+int qp_to_init(ibv_qp* qp, int access) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
@@ -49,7 +58,7 @@ inline int qp_to_init(ibv_qp* qp, int access) {
   return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
-inline int qp_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, uint8_t min_rnr_timer = 1) {
+int qp_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, uint8_t min_rnr_timer) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = IBV_MTU_4096;
@@ -64,7 +73,7 @@ inline int qp_to_rtr(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, uint8_t min_r
                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 }
 
-inline int qp_to_rts(ibv_qp* qp, uint8_t rnr_retry = 7, uint8_t timeout = 14, uint8_t retry_cnt = 7) {
+int qp_to_rts(ibv_qp* qp, uint8_t rnr_retry, uint8_t timeout, uint8_t retry_cnt) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTS;
   a.sq_psn = 0;
@@ -77,14 +86,32 @@ inline int qp_to_rts(ibv_qp* qp, uint8_t rnr_retry = 7, uint8_t timeout = 14, ui
                            IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-inline int qp_state(ibv_qp* qp) {
+int qp_to_err(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+int qp_to_reset(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+int connect_qp(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, int access) {
+  if (int rc = qp_to_init(qp, access)) return rc;
+  if (int rc = qp_to_rtr(qp, dest_qpn, dlid)) return rc;
+  return qp_to_rts(qp);
+}
+
+int qp_state(ibv_qp* qp) {
   ibv_qp_attr a{};
   ibv_qp_init_attr ia{};
   if (ibv_query_qp(qp, &a, IBV_QP_STATE, &ia)) return -1;
   return a.qp_state;
 }
 
-inline const char* qp_state_name(int s) {
+const char* qp_state_name(int s) {
   switch (s) {
     case IBV_QPS_RESET: return "RESET";
     case IBV_QPS_INIT: return "INIT";
@@ -97,10 +124,8 @@ inline const char* qp_state_name(int s) {
   }
 }
 
-// Polls one completion, up to timeout_ms. False on timeout; a negative
-// ibv_poll_cq result is reported in wc->status as -1 cast.
-inline bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms = 5000) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms) {
+  auto deadline = Clock::now() + Ms(timeout_ms);
   for (uint64_t spins = 0;; ++spins) {
     int n = ibv_poll_cq(cq, 1, wc);
     if (n == 1) return true;
@@ -109,16 +134,54 @@ inline bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms = 5000) {
       wc->status = static_cast<ibv_wc_status>(-1);
       return true;
     }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (Clock::now() >= deadline) return false;
     if (spins % 64 == 63) std::this_thread::yield();
   }
 }
 
-inline std::string wc_str(const ibv_wc& wc) {
+int poll_status(ibv_cq* cq, ibv_wc* out, int timeout_ms) {
+  ibv_wc wc{};
+  if (!poll_one(cq, &wc, timeout_ms)) return -1;
+  if (out) *out = wc;
+  return wc.status;
+}
+
+int poll_n(ibv_cq* cq, ibv_wc* wc, int n, int timeout_ms) {
+  auto deadline = Clock::now() + Ms(timeout_ms);
+  int got = 0;
+  while (got < n) {
+    int k = ibv_poll_cq(cq, n - got, wc + got);
+    if (k < 0) return got;
+    got += k;
+    if (got < n) {
+      if (Clock::now() >= deadline) break;
+      if (k == 0) std::this_thread::yield();
+    }
+  }
+  return got;
+}
+
+std::string wc_str(const ibv_wc& wc) {
   return std::string("{wr_id ") + std::to_string(wc.wr_id) + ", status " + ibv_wc_status_str(wc.status) + " (" +
          std::to_string(static_cast<int>(wc.status)) + "), opcode " + std::to_string(wc.opcode) + ", byte_len " +
          std::to_string(wc.byte_len) + ", wc_flags " + std::to_string(wc.wc_flags) + ", qp_num " +
          std::to_string(wc.qp_num) + "}";
 }
 
-}  // namespace dp
+bool next_async_event(ibv_context* ctx, ibv_async_event* ev, int timeout_ms) {
+  int fl = ::fcntl(ctx->async_fd, F_GETFL);
+  if (!(fl & O_NONBLOCK)) ::fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+  auto deadline = Clock::now() + Ms(timeout_ms);
+  for (;;) {
+    if (ibv_get_async_event(ctx, ev) == 0) {
+      ibv_ack_async_event(ev);
+      return true;
+    }
+    int left = ms_left(deadline);
+    if (left == 0) return false;
+    pollfd p{ctx->async_fd, POLLIN, 0};
+    (void)::poll(&p, 1, left);
+  }
+}
+
+}  // namespace harness
