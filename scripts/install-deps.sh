@@ -8,7 +8,7 @@ PACKAGES=(
   libibverbs-dev ibverbs-utils ibverbs-providers rdma-core perftest
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libnl-3-dev libnl-route-3-dev iproute2
-  librdmacm-dev rdmacm-utils libfabric-bin
+  librdmacm-dev rdmacm-utils libfabric-bin ucx-utils
   python3 groff-base man-db
 )
 
