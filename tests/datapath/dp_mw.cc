@@ -159,36 +159,10 @@ struct Owner {
   }
 
   int bind1(ibv_qp* q, ibv_cq* c, ibv_mw* mw, ibv_mr* m, uint8_t* addr, size_t len, unsigned access) {
-    ibv_mw_bind b{};
-    b.wr_id = 11;
-    b.send_flags = IBV_SEND_SIGNALED;
-    b.bind_info.mr = m;
-    b.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
-    b.bind_info.length = len;
-    b.bind_info.mw_access_flags = access;
-    if (int rc = ibv_bind_mw(q, mw, &b)) return 1000 + rc;
-    ibv_wc wc{};
-    int st = poll_status(c, &wc);
-    if (st == IBV_WC_SUCCESS && (wc.opcode != IBV_WC_BIND_MW || wc.wr_id != 11)) return 2000;
-    return st;
+    return harness::bind_mw_type1(q, c, mw, m, addr, len, access);
   }
   int bind2(ibv_qp* q, ibv_cq* c, ibv_mw* mw, uint32_t rkey, uint8_t* addr, size_t len, unsigned access) {
-    ibv_send_wr wr{};
-    wr.wr_id = 12;
-    wr.opcode = IBV_WR_BIND_MW;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.bind_mw.mw = mw;
-    wr.bind_mw.rkey = rkey;
-    wr.bind_mw.bind_info.mr = mr;
-    wr.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
-    wr.bind_mw.bind_info.length = len;
-    wr.bind_mw.bind_info.mw_access_flags = access;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(q, &wr, &bad)) return 1000 + rc;
-    ibv_wc wc{};
-    int st = poll_status(c, &wc);
-    if (st == IBV_WC_SUCCESS && (wc.opcode != IBV_WC_BIND_MW || wc.wr_id != 12)) return 2000;
-    return st;
+    return harness::bind_mw_type2(q, c, mw, mr, rkey, addr, len, access);
   }
   int local_inv(ibv_qp* q, ibv_cq* c, uint32_t rkey) {
     ibv_send_wr wr{};

@@ -46,6 +46,15 @@ int poll_n(ibv_cq* cq, ibv_wc* wc, int n, int timeout_ms = 10000);
 
 std::string wc_str(const ibv_wc& wc);
 
+// Binds a memory window over [addr, addr+len) of `mr` and polls the bind's
+// completion on `cq`: type 1 through ibv_bind_mw (wr_id 11), type 2 through
+// an IBV_WR_BIND_MW work request with `rkey` (wr_id 12). Returns the
+// completion status, 1000 + the errno of a failed post, 2000 for a
+// completion of another opcode or wr_id, -1 on timeout.
+int bind_mw_type1(ibv_qp* qp, ibv_cq* cq, ibv_mw* mw, ibv_mr* mr, uint8_t* addr, size_t len, unsigned access);
+int bind_mw_type2(ibv_qp* qp, ibv_cq* cq, ibv_mw* mw, ibv_mr* mr, uint32_t rkey, uint8_t* addr, size_t len,
+                  unsigned access);
+
 // Waits up to timeout_ms for an async event (non-blocking async_fd + poll).
 // The event is acknowledged before returning.
 bool next_async_event(ibv_context* ctx, ibv_async_event* ev, int timeout_ms);

@@ -40,11 +40,6 @@ using harness::Result;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string env(const char* n) {
-  const char* v = std::getenv(n);
-  return v ? v : "";
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
@@ -103,8 +98,8 @@ class RoceCtl : public ::testing::Test {
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
     if (!harness::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
-    bin_ = env("SHMRDMA_BIN");
-    probe_ = env("ROCE_PROBE_BIN");
+    bin_ = harness::getenv_str("SHMRDMA_BIN");
+    probe_ = harness::getenv_str("ROCE_PROBE_BIN");
     ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and ROCE_PROBE_BIN";
     const std::string id = std::to_string(::getpid());
     ns_a_ = "shmrdma-rt" + id + "a";
