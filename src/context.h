@@ -7,6 +7,7 @@
 // rings are lock-free.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -94,6 +95,23 @@ inline constexpr uint32_t kRereg_ChangeTranslation = 1u << 0;
 inline constexpr uint32_t kRereg_ChangePd = 1u << 1;
 inline constexpr uint32_t kRereg_ChangeAccess = 1u << 2;
 
+// LocalContext::cqe_to_wc moves a CQE into an ibv_wc word by word.
+static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, wr_id) == offsetof(layout::Cqe, wr_id) &&
+              offsetof(ibv_wc, status) == offsetof(layout::Cqe, status) &&
+              offsetof(ibv_wc, opcode) == offsetof(layout::Cqe, opcode) &&
+              offsetof(ibv_wc, vendor_err) == offsetof(layout::Cqe, vendor_err) &&
+              offsetof(ibv_wc, byte_len) == offsetof(layout::Cqe, byte_len) &&
+              offsetof(ibv_wc, imm_data) == offsetof(layout::Cqe, imm_data) &&
+              offsetof(ibv_wc, qp_num) == offsetof(layout::Cqe, qp_num) &&
+              offsetof(ibv_wc, src_qp) == offsetof(layout::Cqe, src_qp) &&
+              offsetof(ibv_wc, wc_flags) == offsetof(layout::Cqe, wc_flags) &&
+              offsetof(ibv_wc, pkey_index) == offsetof(layout::Cqe, pkey_index) &&
+              offsetof(ibv_wc, slid) == offsetof(layout::Cqe, slid) &&
+              offsetof(ibv_wc, sl) == offsetof(layout::Cqe, sl) &&
+              offsetof(ibv_wc, dlid_path_bits) == offsetof(layout::Cqe, dlid_path_bits) &&
+              offsetof(layout::Cqe, take_tag) == 47 && sizeof(ibv_wc_status) == 4 && sizeof(ibv_wc_opcode) == 4,
+              "an ibv_wc is a Cqe's first 46 bytes, field for field");
+
 class LocalContext {
  public:
   // Default size of the heap that holds a context's rings. The file is
@@ -175,7 +193,67 @@ class LocalContext {
     }
     return got;
   }
-  void skip_dead_push(const CqInfo& cq) noexcept;  // cq.cc
+  // cq.cc. every: each call looks (ibv_poll_cq calls it once in 1024 polls),
+  // else one in 16 (the locked empty polls of ibv_start_poll, one in 64).
+  void skip_dead_push(const CqInfo& cq, bool every = false) noexcept;
+  // ibv_poll_cq's path: up to n completions from consumer position *pos,
+  // which the caller keeps privately (it is the single consumer: it
+  // serialises polls of the CQ), each converted from its ring slot straight
+  // into wc[i] (cqe_to_wc: every shared word read once). *pos moves on past
+  // what was taken; after a dead producer's slot was given up it is read
+  // back from the ring.
+  [[gnu::always_inline]] int poll_cq_wc(const CqInfo& cq, uint32_t* pos, int n, ibv_wc* wc) noexcept {
+    const Ring& ring = cq.ring;
+    uint32_t p = *pos;
+    int got = 0;
+    while (got < n) {
+      RingSlotHeader* h = ring.slot_header(p);
+      if (!Ring::published_for(h, p)) {
+        if (got == 0) {
+          skip_dead_push(cq, true);
+          p = ring.consumer_position();
+        }
+        break;
+      }
+      ring.take_sc(p);
+      ibv_wc& w = wc[got];
+      const uint8_t tag = cqe_to_wc(reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes, &w);
+      // Before the release: flush_qp reads the ring, then this (see
+      // recv_completion_delivered). From the private copy just written.
+      if ((w.opcode & IBV_WC_RECV) && w.status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
+        const uint32_t qi = layout::qpn_index(w.qp_num);
+        if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
+      }
+      ring.release_sc(h, p);
+      ++p;
+      ++got;
+    }
+    *pos = p;
+    return got;
+  }
+  // One CQE from its ring slot (untrusted: each 8-byte word is read once)
+  // into an ibv_wc, whose first 46 bytes have the Cqe's layout: enums,
+  // QP numbers, flags and the SL clamped to what they may hold. Returns the
+  // CQE's take tag.
+  static uint8_t cqe_to_wc(const std::byte* payload, ibv_wc* w) noexcept {
+    const auto* q = reinterpret_cast<const uint64_t*>(payload);
+    const uint64_t w0 = __atomic_load_n(q + 0, __ATOMIC_RELAXED), w1 = __atomic_load_n(q + 1, __ATOMIC_RELAXED),
+                   w2 = __atomic_load_n(q + 2, __ATOMIC_RELAXED), w3 = __atomic_load_n(q + 3, __ATOMIC_RELAXED),
+                   w4 = __atomic_load_n(q + 4, __ATOMIC_RELAXED), w5 = __atomic_load_n(q + 5, __ATOMIC_RELAXED);
+    uint64_t status = static_cast<uint32_t>(w1);
+    if (status > IBV_WC_TM_RNDV_INCOMPLETE) status = IBV_WC_GENERAL_ERR;
+    constexpr uint64_t kFlags = IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
+                                IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
+    auto* out = reinterpret_cast<char*>(w);
+    auto put = [out](int i, uint64_t v) { std::memcpy(out + 8 * i, &v, 8); };
+    put(0, w0);
+    put(1, status | (w1 & (uint64_t{0xff} << 32)));                        // status, opcode (8 bits)
+    put(2, w2);                                                            // vendor_err, byte_len
+    put(3, w3 & ((uint64_t{limits::kQpnMask} << 32) | 0xffffffffu));       // imm_data, qp_num
+    put(4, (w4 & limits::kQpnMask) | (w4 & (kFlags << 32)));               // src_qp, wc_flags
+    put(5, w5 & 0x0000ff0fffffffffull);  // pkey_index, slid, sl (4 bits), dlid_path_bits; then padding
+    return static_cast<uint8_t>(w5 >> 56);
+  }
 
   // Receive work queues (IBV_WQT_RQ).
   int create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t max_sge, WqInfo* out) noexcept;
@@ -235,6 +313,12 @@ class LocalContext {
   // provider's resolution (UD, XRC, windows): then enqueue_send + progress.
   static constexpr int kPostGeneral = -1;
   int post_send(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // ibv_post_send's list: each WR through post_send, those it does not take
+  // through general(arg, wr) (the provider's conversion to a SendWr and
+  // enqueue_send); the first error stops the list (*bad_wr). Then progress
+  // when anything was queued or failed.
+  using GeneralPost = int (*)(void* arg, const ibv_send_wr* wr) noexcept;
+  int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general, void* arg) noexcept;
   void progress(Qp* qp) noexcept;
   // Progress for every QP with queued work, and flushes of QPs a peer moved
   // to the error state. Called by poll_cq on every poll: inline, and when
@@ -256,6 +340,18 @@ class LocalContext {
       return;
     progress_all_slow(polls);
   }
+
+  // progress_all for ibv_poll_cq, in two halves, counted by the caller (its
+  // CQ's poll count `polls`, which spaces out the looks for dead peers):
+  // progress_idle gives the same hints and makes the same checks, true when
+  // there is nothing to do; otherwise progress_polled_slow does it.
+  bool progress_idle(uint32_t polls) noexcept {
+    __builtin_prefetch(warm_rq_slot_.load(std::memory_order_relaxed), 1);
+    __builtin_prefetch(warm_post_slot_.load(std::memory_order_relaxed), 1);
+    return (polls & 1023) != 0 && qps_pending_.load(std::memory_order_relaxed) == 0 &&
+           header()->attention.load(std::memory_order_acquire) == attention_seen_;  // pairs with the peer's release
+  }
+  void progress_polled_slow(uint32_t polls) noexcept { progress_all_slow(polls); }
 
   // Async events (see async.h). The read end of the FIFO becomes the
   // context's async_fd: the caller takes ownership of it once.
@@ -390,7 +486,8 @@ class LocalContext {
   bool push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
 
   // transport.cc
-  enum class Exec { kDone, kWait, kError };
+  // kNotHandled (execute_fast only): nothing was done, the WQE goes the general way.
+  enum class Exec { kDone, kWait, kError, kNotHandled };
   struct Remote {
     uint64_t host = 0;        // address in the target process
     uint8_t* local = nullptr; // the same bytes in this process, when directly reachable
@@ -402,6 +499,24 @@ class LocalContext {
   bool resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
                       uint64_t len, Remote* out, uint32_t target_qpn = 0) noexcept;
   Exec execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
+  // The common RC/UC case of ibv_post_send (transport_post.cc, inline in
+  // post_send): a WRITE, WRITE_WITH_IMM, SEND or SEND_WITH_IMM of len bytes
+  // with at most one SGE (inl: its bytes are still in the application's
+  // buffer), the send queue empty and the QP in RTS. Executes it straight
+  // from the ibv_send_wr when everything is at hand: the peer known, the
+  // target's entry checking out, our MR, the target's key in the QP's
+  // cache. kNotHandled: nothing happened (the general path waits, resolves
+  // and fails); kError: it failed after it reached the target (*status).
+  Exec execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len, bool inl, uint32_t* status) noexcept;
+  // resolve_remote's answer from the QP's cache of the last MR it resolved
+  // (an MR, not a window, whose entry is live with the seqlock value it had),
+  // with the same checks on the cached copy; false on a miss or anything the
+  // general resolve_remote must look at (on-demand MRs, a mapping not found
+  // yet). transport_internal.h.
+  bool remote_hit(Qp* qp, const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
+                  uint64_t len, Remote* out) const noexcept;
+  // The WQE at sq_exec failed: its completion, then the error state (caller holds qp->sq_lock).
+  void fail_head(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   Exec execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
   // mw.cc: IBV_WR_BIND_MW and IBV_WR_LOCAL_INV, executed by the owner;
   // return a completion status.
@@ -433,8 +548,8 @@ class LocalContext {
     uint32_t pd = 0;
     uint32_t cq = 0;
   };
-  Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s, const IoVec* local, uint32_t nlocal,
-                  const uint8_t* grh, bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
+  Deliver deliver(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t opcode, uint64_t len, const IoVec* local,
+                  uint32_t nlocal, const uint8_t* grh, bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
                   const RecvSource* xrc = nullptr) noexcept;
   // What take_holder_dead did with a busy take record.
   enum class TakeOver { kBusy, kEnded, kAdopted };
@@ -445,7 +560,10 @@ class LocalContext {
   void reclaim_dead_completion(Qp* qp) noexcept;
   void enter_send_error(Qp* qp) noexcept;
   void flush_send_queue(Qp* qp) noexcept;
-  void complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept;
+  void complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length, uint32_t status) noexcept;
+  void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept {
+    complete_send(qp, s->wr_id, s->opcode, s->length, status);
+  }
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
   void progress_locked(Qp* qp) noexcept;  // caller holds qp->sq_lock

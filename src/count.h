@@ -81,6 +81,25 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
   }
 }
 
+// post_send's fast path (execute_fast): an RC/UC WRITE, WRITE_WITH_IMM,
+// SEND or SEND_WITH_IMM of len bytes executed; what sent() counts for them.
+inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
+  const QpCounting& q = qp->cnt;
+  if (!q.rec) return;
+  const uint64_t pkts = len ? ((len - 1) >> q.mtu_shift) + 1 : 1;
+  std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port);
+  if (!l) return;
+  bump(l[layout::kCntXmitPkts], pkts);
+  bump(l[layout::kCntXmitBytes], len);
+  if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) bump(l[layout::kCntRdmaSends], 1);
+  if (qp->peer_dev != q.rdev) [[unlikely]]
+    relabel(qp);
+  std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag);
+  if (!r) return;
+  bump(r[layout::kCntRcvPkts], pkts);
+  bump(r[layout::kCntRcvBytes], len);
+}
+
 // deliver: a receive WQE of QP t (on device dev) completed successfully.
 // UD: t's own port (untrusted, checked by group()); the others the path's.
 inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t, const HomeDevice* dev) noexcept {

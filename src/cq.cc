@@ -442,9 +442,19 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
     backoff(i);
   }
   Push r = Push::kGone;
-  Ring ring;
-  if (peer.ring(e->ring_offset, e->ring_bytes, e->capacity, e->slot_stride, &ring, cache) &&
-      ring.payload_size() >= sizeof cqe) {  // P2
+  // P2: the geometry, read once after P1 (a resize may have changed it):
+  // the view cached for exactly these values, else a freshly validated one.
+  const uint64_t off = e->ring_offset, bytes = e->ring_bytes;
+  const uint32_t cap = e->capacity, stride = e->slot_stride;
+  const Ring* rp = nullptr;
+  Ring fresh;
+  if (cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
+      cache->offset == off && cache->bytes == bytes && cache->capacity == cap && cache->stride == stride)
+    rp = &cache->ring;
+  else if (peer.ring(off, bytes, cap, stride, &fresh, cache))
+    rp = &fresh;
+  if (rp && rp->payload_size() >= sizeof cqe) {
+    const Ring& ring = *rp;
     // The completion timestamp, only for CQs that asked for it (the clock
     // stays off the data path otherwise). The consumer keeps a CQ's stamps
     // monotonic in ring order (provider cq.cc).
@@ -522,12 +532,13 @@ int LocalContext::poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept {
 // in a while an empty poll looks whether the head slot is reserved but
 // unpublished, and after it stayed so for kStallNs gives it up (Ring::
 // skip_unpublished_sc; a producer that was merely slow pushes again).
-void LocalContext::skip_dead_push(const CqInfo& cq) noexcept {
+void LocalContext::skip_dead_push(const CqInfo& cq, bool every) noexcept {
   constexpr uint64_t kStallNs = 2'000'000'000ull;
   if (cq.index >= cqs_.size()) return;
   CqState& st = cqs_[cq.index];
-  // The provider locks one empty poll in 64 (nothing_ready); 1 in 1024 looks.
-  if ((++st.empty_polls & 15) != 0) return;
+  // ibv_poll_cq calls this once in 1024 polls; ibv_start_poll locks one
+  // empty poll in 64 (nothing_ready), of which 1 in 16 looks.
+  if (!every && (++st.empty_polls & 15) != 0) return;
   Ring ring = cq.ring;
   const uint32_t pos = ring.consumer_position();
   const uint64_t now = mono_ns();

@@ -265,7 +265,9 @@ struct Qp {
     MrSnapshot snap;
     std::shared_ptr<PeerMapping> map;
   };
-  RemoteKeyCache rkey_cache;
+  // One for rkeys (WRITE/READ/atomic targets), one for the lkeys of the
+  // target's receive buffers (SEND), so a QP that does both keeps both.
+  RemoteKeyCache rkey_cache, recv_key_cache;
   uint32_t map_cache_next = 0;
   uint32_t map_cache_last = 0;  // the entry that hit last
   // Rings of peers this QP's sends feed, validated once (peer.h RingCache):
@@ -293,6 +295,7 @@ struct Qp {
     xrc_peer.reset();
     map_cache = {};
     rkey_cache = RemoteKeyCache{};
+    recv_key_cache = RemoteKeyCache{};
     map_cache_next = map_cache_last = 0;
     target_rq_cache = RingCache{};
     target_cq_cache = RingCache{};

@@ -324,7 +324,7 @@ class Ring {
 
   // Reserve the next slot for writing (MPMC-safe). On success write up to
   // payload_size() bytes at handle.payload, then publish(handle).
-  RingResult try_reserve() noexcept {
+  RingResult try_reserve() const noexcept {
     assert(attached());
     // Relaxed: the index is only a hint of where to look; whether the slot
     // is really free is decided by its seq (A2) and the CAS below.
@@ -401,7 +401,7 @@ class Ring {
   // producer reserved and never published (skip_unpublished_sc: the
   // producer died). Publication is a CAS on seq, so a producer that was only
   // slow learns that its slot was skipped (abandoned) and pushes again.
-  RingStatus try_push_cas(const void* src, std::size_t len) noexcept {
+  RingStatus try_push_cas(const void* src, std::size_t len) const noexcept {
     if (len > payload_size() || (src == nullptr && len != 0))
       return RingStatus::invalid;
     const RingResult r = try_reserve();
@@ -530,8 +530,30 @@ class Ring {
     return {RingStatus::contended, {}};  // corrupted or exclusivity violated
   }
 
+  // The single consumer's path without a handle (the CQ poller, which keeps
+  // its position privately, so a peer that scribbles on consumer_pos cannot
+  // move it): the header of position pos's slot (the payload follows it),
+  // and whether it is published for pos. Taking it: consumer_pos is stored
+  // (for advisory readers and recovery), never read, then the payload is
+  // read, then the slot released; one address computation for all three.
+  RingSlotHeader* slot_header(uint32_t pos) const noexcept { return header(pos); }
+  static bool published_for(const RingSlotHeader* h, uint32_t pos) noexcept {
+    return h->seq.load(std::memory_order_acquire) == pos + 1;  // A1 pairs with R1
+  }
+  void take_sc(uint32_t pos) const noexcept {
+    shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);  // as in try_claim_sc
+  }
+  void release_sc(RingSlotHeader* h, uint32_t pos) const noexcept {
+    h->seq.store(pos + capacity_, std::memory_order_release);  // R2, as release()
+  }
+
+  // The sequence word of position pos's slot, for a single consumer that
+  // watches it without the protocol (ready_at without the address
+  // arithmetic): ready when it reads pos + 1. Advisory.
+  const std::atomic<uint32_t>* seq_word(uint32_t pos) const noexcept { return &header(pos)->seq; }
+
   // Give a claimed slot back to producers.
-  void release(RingHandle h) noexcept {
+  void release(RingHandle h) const noexcept {
     assert(attached());
     // R2: our payload reads happen-before a next-lap producer's A2.
     header(h.pos)->seq.store(h.pos + capacity_, std::memory_order_release);

@@ -53,7 +53,8 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   // everything below uses the copy. The owner's write is a few stores: a
   // bounded retry outlasts it unless the owner is preempted in the middle.
   //
-  // The QP keeps the last MR's snapshot (Qp::RemoteKeyCache): while the
+  // The QP keeps the last MR's snapshot (Qp::RemoteKeyCache, one for rkeys,
+  // one for receive buffers' lkeys): while the
   // entry's seqlock still has the value it had then, the copy is the entry's
   // content and is used again without reading the entry. Windows are read
   // every time (their validity, mw_key, changes outside the seqlock). A peer
@@ -61,7 +62,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   // validated like any snapshot, it can only direct the access within its
   // own memory.
   std::atomic_ref<uint32_t> gen(e->generation);
-  Qp::RemoteKeyCache& rc = qp->rkey_cache;
+  Qp::RemoteKeyCache& rc = rkey ? qp->rkey_cache : qp->recv_key_cache;
   Qp::MrSnapshot fresh;
   const Qp::MrSnapshot* snp = &rc.snap;
   const bool cached = rc.entry == e && rc.key == key && rc.rkey == rkey && rc.peer_slot == peer.slot &&
@@ -402,7 +403,7 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     cqe.imm_data = s->imm_data;
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }
-  switch (deliver(qp, peer, t, s, local, nlocal, nullptr, !uc, cqe, status, xrc ? &xsrc : nullptr)) {
+  switch (deliver(qp, peer, t, s->opcode, s->length, local, nlocal, nullptr, !uc, cqe, status, xrc ? &xsrc : nullptr)) {
     case Deliver::kDone: break;
     case Deliver::kBusy: return Exec::kWait;
     case Deliver::kResponderError:

@@ -8,11 +8,14 @@
 
 #include <time.h>
 
+#include <cerrno>
 #include <cstdint>
 
 #include <infiniband/verbs.h>
 
+#include "context.h"
 #include "layout.h"
+#include "qp.h"
 
 namespace shmrdma::transport {
 
@@ -60,6 +63,29 @@ inline bool consumes_recv(uint32_t op) {
 inline bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 
+// The shape checks of every send post (ibv_post_send(3)), one copy for both
+// entry points (LocalContext::post_send from the ibv_send_wr, enqueue_send
+// from a SendWr): the SGE count against the QP's cap, a list wherever SGEs
+// are named, the inline size (inline applies to operations that carry data
+// out: not READ, atomics or local operations, whose SGEs the caller passes
+// as num_sge 0), an atomic's one 8-byte SGE, max_msg_sz (2^31). 0 with the
+// total length and whether the bytes go inline, or EINVAL.
+inline int check_send_shape(const QpCaps& caps, uint32_t op, uint32_t num_sge, const ibv_sge* sg, uint32_t flags,
+                            uint64_t* total, bool* inl) noexcept {
+  if (num_sge > caps.max_send_sge || (num_sge && !sg)) return EINVAL;
+  uint64_t t = num_sge == 1 ? sg[0].length : 0;
+  if (num_sge > 1)
+    for (uint32_t k = 0; k < num_sge; ++k) t += sg[k].length;
+  const bool atomic = is_atomic(op);
+  const bool in = (flags & IBV_SEND_INLINE) && !atomic && op != IBV_WR_RDMA_READ && !is_local_op(op);
+  if (in && t > caps.max_inline_data) return EINVAL;
+  if (atomic && (num_sge != 1 || sg[0].length != 8)) return EINVAL;
+  if (t > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+  *total = t;
+  *inl = in;
+  return 0;
+}
+
 constexpr uint64_t kGrhBytes = 40;  // the GRH area ahead of a UD message
 
 // A receive completion the owner writes itself (flush, abort).
@@ -73,3 +99,45 @@ inline layout::Cqe recv_status_cqe(uint64_t wr_id, uint32_t status, uint32_t qpn
 }
 
 }  // namespace shmrdma::transport
+
+namespace shmrdma {
+
+// The hit path of resolve_remote (transport.cc), inline for the post's fast
+// path and for receive buffers: the cached snapshot (an MR's, validated when
+// it was taken) answers while the entry is live and its seqlock still has
+// the value it had then. The same checks as resolve_remote on the copy.
+inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need,
+                                     uint64_t addr, uint64_t len, Remote* out) const noexcept {
+  // Each cache holds keys of one kind (resolve_remote), so rc.rkey == rkey.
+  const Qp::RemoteKeyCache& rc = rkey ? qp->rkey_cache : qp->recv_key_cache;
+  layout::MrEntry* e = peer.mr(layout::key_index(key));
+  if (rc.entry != e || !e || rc.key != key || rc.peer_slot != peer.slot ||
+      rc.peer_generation != peer.generation || rc.peer_home != peer.home_id)
+    return false;
+  if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
+      std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
+    return false;
+  const Qp::MrSnapshot& sn = rc.snap;
+  if (sn.pd != pd || (sn.access & need) != need || (sn.access & kAccessOnDemand)) return false;
+  if (addr < sn.iova || len > sn.length || addr - sn.iova > sn.length - len) return false;
+  const uint64_t host = sn.host + (addr - sn.iova);
+  out->host = host;
+  out->odp = false;
+  if (peer.self_process) {
+    out->local = reinterpret_cast<uint8_t*>(host);
+    out->mapped = sn.tier == layout::kTierMapped;
+    return true;
+  }
+  if (sn.tier != layout::kTierMapped || host < sn.map_start || len > sn.map_len ||
+      host - sn.map_start > sn.map_len - len) {
+    out->local = nullptr;  // CMA
+    out->mapped = false;
+    return true;
+  }
+  if (!rc.map) return false;  // not mapped yet: resolve_remote finds it
+  out->local = rc.map->base + (host - sn.map_start);
+  out->mapped = true;
+  return true;
+}
+
+}  // namespace shmrdma

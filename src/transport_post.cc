@@ -53,16 +53,10 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     default: return EINVAL;  // not an operation shmrdma implements
   }
   if (qp->qp_type == IBV_QPT_UD && !wr.av) return EINVAL;
-  const bool local_op = is_local_op(wr.opcode);  // no data: SGEs are ignored
-  const uint32_t num_sge = local_op ? 0 : wr.num_sge;
-  if (num_sge > qp->caps.max_send_sge || (num_sge && !wr.sg_list)) return EINVAL;
+  const uint32_t num_sge = is_local_op(wr.opcode) ? 0 : wr.num_sge;  // no data: SGEs are ignored
   uint64_t total = 0;
-  for (uint32_t k = 0; k < num_sge; ++k) total += wr.sg_list[k].length;
-  bool inl = (wr.send_flags & IBV_SEND_INLINE) && !is_atomic(wr.opcode) && wr.opcode != IBV_WR_RDMA_READ &&
-             !local_op;
-  if (inl && total > qp->caps.max_inline_data) return EINVAL;
-  if (is_atomic(wr.opcode) && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
-  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+  bool inl = false;
+  if (int rc = check_send_shape(qp->caps, wr.opcode, num_sge, wr.sg_list, wr.send_flags, &total, &inl)) return rc;
 
   std::lock_guard lk(qp->sq_lock);
   if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
@@ -112,13 +106,125 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   return 0;
 }
 
+// post_send's fast path (context.h execute_fast). The same checks as
+// execute, in the same order, each on one read of the untrusted entry; any
+// that does not pass, and any cache that misses, hands the WQE to the
+// general path untouched (kNotHandled), which waits, resolves, fills the
+// caches or fails it exactly as before. Inline in post_send, its one caller.
+[[gnu::always_inline]] inline LocalContext::Exec LocalContext::execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len,
+                                                                            bool inl, uint32_t* status) noexcept {
+  const QpAttr& a = qp->attr;
+  Peer* pp = qp->peer.get();
+  if (!pp || pp->slot != layout::qpn_slot(a.dest_qp_num) || pp->device != qp->peer_dev) [[unlikely]]
+    return Exec::kNotHandled;
+  if (qp->path_by_gid && !destination_holds(qp)) return Exec::kNotHandled;
+  Peer& peer = *pp;
+  layout::QpEntry* t = peer.qp(qp->remote_index);
+  if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
+      t->qp_type != qp->qp_type) [[unlikely]]
+    return Exec::kNotHandled;
+  // RTR, RTS, SQD or SQE (consecutive values), connected to us on our device.
+  const uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
+  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || t->dest_qpn != qp->qpn || t->dest_device != dir_.self_id())
+      [[unlikely]]
+    return Exec::kNotHandled;
+
+  // Our side: the inline bytes where the application has them (the call
+  // executes before it returns), or the SGE checked against our MR table.
+  IoVec local[1];
+  uint32_t nlocal = 0;
+  if (len) {
+    const ibv_sge& g = wr.sg_list[0];
+    if (inl) {
+      local[0] = {reinterpret_cast<void*>(g.addr), len};
+    } else {
+      const uint32_t i = layout::key_index(g.lkey);
+      if (i >= mrs_.size()) return Exec::kNotHandled;
+      const MrState& m = mrs_[i];
+      if (!m.live || m.kind != layout::kKindMr || m.lkey != g.lkey || m.pd != qp->pd || (m.access & kAccessOnDemand) ||
+          g.addr < m.iova || len > m.length || g.addr - m.iova > m.length - len) [[unlikely]]
+        return Exec::kNotHandled;
+      local[0] = {reinterpret_cast<void*>(m.addr + (g.addr - m.iova)), len};
+    }
+    nlocal = 1;
+  }
+  qp->local_odp = false;
+
+  const uint32_t op = wr.opcode;
+  if (op <= IBV_WR_RDMA_WRITE_WITH_IMM) {
+    if (len) {
+      Remote rm;
+      if (!(t->access & IBV_ACCESS_REMOTE_WRITE) ||
+          !remote_hit(qp, peer, wr.wr.rdma.rkey, true, t->pd_index, IBV_ACCESS_REMOTE_WRITE, wr.wr.rdma.remote_addr,
+                      len, &rm)) [[unlikely]]
+        return Exec::kNotHandled;
+      const bool direct = rm.local != nullptr;
+      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
+      // A failed move is moved again, and reported, by the general path.
+      if (!(direct && move_out_small(rm.local, local[0].base, len)) &&
+          move_out(peer.pid, direct, local, 1, &remote, 1, true))
+        return Exec::kNotHandled;
+    }
+    if (op == IBV_WR_RDMA_WRITE) return Exec::kDone;
+  }
+
+  // SEND, SEND_WITH_IMM, the receive of WRITE_WITH_IMM.
+  const bool uc = qp->qp_type == IBV_QPT_UC;
+  layout::Cqe cqe{};
+  cqe.qp_num = t->qpn;
+  cqe.src_qp = qp->qpn;
+  cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
+  cqe.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  if (wr.send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
+  if (op != IBV_WR_SEND) {
+    cqe.imm_data = wr.imm_data;
+    cqe.wc_flags = IBV_WC_WITH_IMM;
+  }
+  switch (deliver(qp, peer, t, op, len, local, nlocal, nullptr, !uc, cqe, status)) {
+    case Deliver::kDone: return Exec::kDone;
+    case Deliver::kNoReceive: return uc ? Exec::kDone : Exec::kNotHandled;  // UC drops; RC: the RNR wait
+    case Deliver::kBusy: return Exec::kNotHandled;
+    case Deliver::kResponderError:
+    case Deliver::kGone: break;
+  }
+  return uc ? Exec::kDone : Exec::kError;
+}
+
+namespace {
+
+// The send slot's header from the WR (the data: post_send).
+inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t total) noexcept {
+  const uint32_t op = wr.opcode;
+  s->wr_id = wr.wr_id;
+  s->opcode = op;
+  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+  s->imm_data = wr.imm_data;
+  s->length = total;
+  s->executed = 0;
+  if (op >= IBV_WR_ATOMIC_CMP_AND_SWP) {
+    s->remote_addr = wr.wr.atomic.remote_addr;
+    s->rkey = wr.wr.atomic.rkey;
+    s->compare_add = wr.wr.atomic.compare_add;
+    s->swap = wr.wr.atomic.swap;
+  } else {
+    s->remote_addr = wr.wr.rdma.remote_addr;
+    s->rkey = wr.wr.rdma.rkey;
+  }
+}
+
+}  // namespace
+
 // ibv_post_send's common case, one WR straight from the application's
 // ibv_send_wr into the send slot (no intermediate SendWr), then executed at
 // once under the same lock: RC and UC QPs, the operations that need nothing
 // the provider resolves (no address handle, no window). Everything else is
 // kPostGeneral: the provider goes through enqueue_send. Same checks and
-// errors as enqueue_send.
-int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
+// errors as enqueue_send (check_send_shape). When the queue is empty, the
+// WR has one SGE (or inline bytes) and is a WRITE or SEND, execute_fast
+// runs it from the ibv_send_wr itself and nothing is written into the slot;
+// whatever it does not take (a target to wait for, a cache to fill, an error
+// to report) goes the general way: slot, then progress_locked.
+[[gnu::always_inline]] inline int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
   const uint32_t op = wr.opcode;
   const uint32_t type = qp->qp_type;
   // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
@@ -130,34 +236,36 @@ int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
   if (wr.num_sge < 0) return EINVAL;
   const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
   const ibv_sge* sg = wr.sg_list;
-  if (num_sge > qp->caps.max_send_sge || (num_sge && !sg)) return EINVAL;
-  uint64_t total = num_sge == 1 ? sg[0].length : 0;
-  if (num_sge > 1)
-    for (uint32_t k = 0; k < num_sge; ++k) total += sg[k].length;
-  const bool atomic = op >= IBV_WR_ATOMIC_CMP_AND_SWP;
-  const bool inl = (wr.send_flags & IBV_SEND_INLINE) && op <= IBV_WR_SEND_WITH_IMM;
-  if (inl && total > qp->caps.max_inline_data) return EINVAL;
-  if (atomic && (num_sge != 1 || sg[0].length != 8)) return EINVAL;
-  if (total > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+  uint64_t total = 0;
+  bool inl = false;
+  if (int rc = check_send_shape(qp->caps, op, num_sge, sg, wr.send_flags, &total, &inl)) return rc;
 
   std::lock_guard lk(qp->sq_lock);
   if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
-  SendSlot* s = qp->slot(qp->sq_tail);
-  s->wr_id = wr.wr_id;
-  s->opcode = op;
-  s->send_flags = wr.send_flags | (qp->sq_sig_all ? IBV_SEND_SIGNALED : 0);
-  s->imm_data = wr.imm_data;
-  s->length = total;
-  s->executed = 0;
-  if (atomic) {
-    s->remote_addr = wr.wr.atomic.remote_addr;
-    s->rkey = wr.wr.atomic.rkey;
-    s->compare_add = wr.wr.atomic.compare_add;
-    s->swap = wr.wr.atomic.swap;
-  } else {
-    s->remote_addr = wr.wr.rdma.remote_addr;
-    s->rkey = wr.wr.rdma.rkey;
+  if (op <= IBV_WR_SEND_WITH_IMM && num_sge <= 1 && qp->sq_exec == qp->sq_tail &&
+      qp->state() == IBV_QPS_RTS) [[likely]] {
+    uint32_t status = IBV_WC_SUCCESS;
+    const Exec r = execute_fast(qp, wr, total, inl, &status);
+    if (r == Exec::kDone) [[likely]] {
+      count::sent_rc(cnt_, qp, op, total);  // counters: packets and bytes
+      qp->sq_tail += 1;
+      qp->sq_exec += 1;
+      if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
+        complete_send(qp, wr.wr_id, op, total, IBV_WC_SUCCESS);
+        qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
+      }
+      return 0;
+    }
+    if (r == Exec::kError) {
+      SendSlot* s = qp->slot(qp->sq_tail);
+      fill_header(qp, s, wr, total);
+      qp->sq_tail += 1;
+      fail_head(qp, s, status);
+      return 0;
+    }
   }
+  SendSlot* s = qp->slot(qp->sq_tail);
+  fill_header(qp, s, wr, total);
   if (inl) {
     // The small path: the bytes themselves go into the slot.
     s->num_sge = 0;
@@ -178,23 +286,56 @@ int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
   return 0;
 }
 
+int LocalContext::post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
+                                 void* arg) noexcept {
+  int rc = 0;
+  bool queued = false;
+  for (; wr; wr = wr->next) {
+    rc = post_send(qp, *wr);
+    if (rc == kPostGeneral) [[unlikely]] {
+      rc = general(arg, wr);
+      queued = true;
+    }
+    if (rc) [[unlikely]] {
+      if (bad_wr) *bad_wr = wr;
+      break;
+    }
+  }
+  if (queued || rc) [[unlikely]]
+    progress(qp);
+  return rc;
+}
+
+// The WQE at sq_exec (slot s) failed with `status`: it completes with it and
+// the QP enters the error state (RC, XRC) or SQE (UC, UD). Caller holds
+// qp->sq_lock.
+void LocalContext::fail_head(Qp* qp, SendSlot* s, uint32_t status) noexcept {
+  complete_send(qp, s, status);
+  qp->sq_exec += 1;
+  qp->sq_retire = qp->sq_exec;
+  qp->wait_started_ns = 0;
+  if (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND)
+    enter_error(qp);
+  else
+    enter_send_error(qp);
+}
+
 // Caller holds qp->sq_lock: WQEs are queued that progress_all must drive.
 void LocalContext::mark_pending(Qp* qp) noexcept {
   if (!qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(1, std::memory_order_relaxed) == 0)
     qps_pending_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void LocalContext::complete_send(Qp* qp, SendSlot* s, uint32_t status) noexcept {
+void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length, uint32_t status) noexcept {
   layout::Cqe c{};
-  c.wr_id = s->wr_id;
+  c.wr_id = wr_id;
   c.status = status;
-  c.opcode = wc_opcode(s->opcode);
-  c.byte_len = (s->opcode == IBV_WR_RDMA_READ || is_atomic(s->opcode)) ? static_cast<uint32_t>(s->length) : 0;
+  c.opcode = wc_opcode(opcode);
+  c.byte_len = (opcode == IBV_WR_RDMA_READ || is_atomic(opcode)) ? static_cast<uint32_t>(length) : 0;
   c.qp_num = qp->qpn;
   count::send_completed(cnt_, qp, status);  // counters: send_err, retry counts
   (void)push_cqe(qp->send_cq, c, &qp->send_cq_cache);  // a full CQ has overrun; the completion is lost, as on hardware
 }
-
 
 void LocalContext::flush_send_queue(Qp* qp) noexcept {
   // Caller holds qp->sq_lock. A WQE that was waiting (transport retry, RNR)
@@ -277,14 +418,7 @@ void LocalContext::progress_locked(Qp* qp) noexcept {
     Exec r = execute(qp, s, &status);
     if (r == Exec::kWait) break;
     if (r == Exec::kError) {
-      complete_send(qp, s, status);
-      qp->sq_exec += 1;
-      qp->sq_retire = qp->sq_exec;
-      qp->wait_started_ns = 0;
-      if (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND)
-        enter_error(qp);
-      else
-        enter_send_error(qp);
+      fail_head(qp, s, status);
       return;
     }
     count::sent(cnt_, qp, s);  // counters: packets and bytes

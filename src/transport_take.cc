@@ -257,11 +257,10 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
 // xrc: the WQE comes from that XRC SRQ (possibly in another process than t,
 // which only keeps the take record); its PD checks the receive buffers and
 // its CQ gets the completion.
-LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, const SendSlot* s,
+LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t opcode, uint64_t len,
                                             const IoVec* local, uint32_t nlocal, const uint8_t* grh,
                                             bool rnr_wait, layout::Cqe& cqe, uint32_t* status,
                                             const RecvSource* xrc) noexcept {
-  const uint64_t len = s->length;
   // Where the receive WQE, its buffers and its completion queue live.
   Peer& rpeer = xrc ? *xrc->peer : peer;
   const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
@@ -416,7 +415,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kResponderError;
   };
 
-  if (s->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
+  if (opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
     // Scatter into the receive buffers, checked against the target's MRs.
     IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
     uint32_t nremote = 0;
@@ -426,7 +425,8 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       uint64_t take = std::min<uint64_t>(rsge[k].length, need);
       if (take == 0) continue;
       Remote r;
-      if (!resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+      if (!remote_hit(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r) &&
+          !resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
         return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
       direct_iov[nremote] = {r.local, take};
       host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
@@ -436,12 +436,21 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       need -= take;
     }
     if (room < total) return responder_error(IBV_WC_LOC_LEN_ERR, IBV_WC_REM_INV_REQ_ERR);
-    IoVec src[limits::kMaxSge + 1];
-    uint32_t nsrc = 0;
-    if (grh) src[nsrc++] = {const_cast<uint8_t*>(grh), kGrhBytes};
-    for (uint32_t k = 0; k < nlocal; ++k) src[nsrc++] = local[k];
+    // The source: our bytes, after the GRH area of a UD message.
+    IoVec with_grh[limits::kMaxSge + 1];
+    const IoVec* src = local;
+    uint32_t nsrc = nlocal;
+    if (grh) {
+      with_grh[0] = {const_cast<uint8_t*>(grh), kGrhBytes};
+      for (uint32_t k = 0; k < nlocal; ++k) with_grh[k + 1] = local[k];
+      src = with_grh;
+      nsrc = nlocal + 1;
+    }
     const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
-    if (int rc = move_out(rpeer.pid, direct, src, nsrc, remote, nremote, false)) {
+    // A small message into one buffer is copied inline (move_out_small).
+    if (direct && nsrc == 1 && nremote == 1 && src[0].len == remote[0].len &&
+        move_out_small(remote[0].base, src[0].base, src[0].len)) {
+    } else if (int rc = move_out(rpeer.pid, direct, src, nsrc, remote, nremote, false)) {
       if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
       return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
     }

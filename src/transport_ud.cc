@@ -176,7 +176,7 @@ LocalContext::Exec LocalContext::execute_ud(Qp* qp, SendSlot* s, uint32_t* statu
     if (t->qkey != qkey) return count::ud_invalid(cnt_, qp, s, check_address), Exec::kDone;
     layout::Cqe c = cqe;
     c.qp_num = t->qpn;
-    const Deliver d = deliver(qp, peer, t, s, local, nlocal, grh, false, c, status);
+    const Deliver d = deliver(qp, peer, t, s->opcode, s->length, local, nlocal, grh, false, c, status);
     // counters (a destination on another device counts for its port there)
     if (d != Deliver::kBusy) count::ud_arrived(cnt_, qp, s, t, peer.device, d == Deliver::kNoReceive);
     switch (d) {

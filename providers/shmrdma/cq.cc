@@ -19,14 +19,11 @@ static_assert(kWcSuccess == IBV_WC_SUCCESS && kWcWrFlushErr == IBV_WC_WR_FLUSH_E
 
 namespace {
 
-// A view for nothing_ready (published by the caller). 0 or ENOMEM.
-int add_view(Cq* cq, const Ring& ring) {
-  try {
-    cq->views.push_back(std::make_unique<Ring>(ring));
-  } catch (const std::bad_alloc&) {
-    return ENOMEM;
-  }
-  return 0;
+// The consumer position after a poll (caller holds poll_lock, or the CQ is
+// not handed out yet).
+void set_next(Cq* cq, uint32_t pos) {
+  cq->next_seq.store(cq->info.ring.seq_word(pos), std::memory_order_relaxed);
+  cq->next_pos.store(pos, std::memory_order_relaxed);
 }
 
 // Completions may come from peers: clamp what we hand to the application.
@@ -70,16 +67,12 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     errno = ENOMEM;
     return nullptr;
   }
-  int rc = add_view(cq, Ring{});
-  if (rc == 0) rc = core->create_cq(static_cast<uint32_t>(cqe), chan, flags, &cq->info);
-  if (rc) {
+  if (int rc = core->create_cq(static_cast<uint32_t>(cqe), chan, flags, &cq->info)) {
     delete cq;
     errno = rc;
     return nullptr;
   }
-  *cq->views.back() = cq->info.ring;
-  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
-  cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
+  set_next(cq, cq->info.ring.consumer_position());
   // libibverbs fills channel, cq_context, the mutex and the condition
   // variable (and counts the CQ in channel->refcnt) after we return.
   cq->vcq.cq.context = ibctx;
@@ -91,14 +84,19 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
 
 Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 
+// Whether the next completion looks ready (no lock; advisory).
+[[gnu::always_inline]] inline bool next_ready(const Cq* cq) {
+  return cq->next_seq.load(std::memory_order_relaxed)->load(std::memory_order_relaxed) ==
+         cq->next_pos.load(std::memory_order_relaxed) + 1;
+}
+
 // An empty poll without the lock: true when no completion is ready. Every
 // 64th empty poll still goes through the locked path, whose empty polls
 // watch for a producer that died mid-push (LocalContext::skip_dead_push).
 [[gnu::always_inline]] inline bool nothing_ready(Cq* cq) {
-  const Ring* view = cq->peek_view.load(std::memory_order_acquire);
-  if (!view || view->ready_at(cq->next_pos.load(std::memory_order_relaxed))) return false;
-  const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
-  cq->empty_polls.store(n, std::memory_order_relaxed);
+  if (next_ready(cq)) return false;
+  const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
+  cq->polls.store(n, std::memory_order_relaxed);
   return (n & 63) != 0;
 }
 
@@ -106,7 +104,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 bool pop_one(Cq* cq) {
   layout::Cqe c;
   const int n = to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c);
-  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
+  set_next(cq, cq->info.ring.consumer_position());
   if (n != 1) return false;
   to_wc(c, &cq->cur);
   // Producers stamp when they push; two racing producers may land in the
@@ -283,28 +281,48 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
 
 namespace {
 
-// The locked part of poll_cq: something looked ready (or it is the 64th
-// empty poll, which watches for a dead producer in the core).
+// The locked part of poll_cq: something looked ready, or it is the 1024th
+// poll, which also watches for a dead producer in the core. Completions go
+// from their ring slots straight into the application's array.
 [[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  if (!wc) return -EINVAL;
   std::lock_guard lk(cq->poll_lock);
-  int done = 0;
-  core->poll_cq_each(cq->info, num_entries, [&](const layout::Cqe& c) { to_wc(c, &wc[done++]); });
-  cq->next_pos.store(cq->info.ring.consumer_position(), std::memory_order_relaxed);
+  uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
+  const int done = core->poll_cq_wc(cq->info, &pos, num_entries, wc);
+  set_next(cq, pos);
   return done;
+}
+
+// poll_cq when the context has work (queued sends, a peer's error report)
+// or it is the 1024th poll of the CQ (the looks for dead peers and dead
+// producers).
+[[gnu::noinline]] int poll_slow(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
+  core->progress_polled_slow(n);
+  if ((n & 1023) != 0 && !next_ready(cq)) return 0;
+  return poll_locked(cq, core, num_entries, wc);
+}
+
+[[gnu::noinline]] int poll_no_entries(LocalContext* core, int num_entries) noexcept {
+  if (num_entries < 0) return -EINVAL;
+  core->progress_all();
+  return 0;
 }
 
 }  // namespace
 
 // The empty poll stays in this small frame: the context's progress check
-// (context.h progress_all) and one look at the next slot's sequence word.
+// (context.h progress_idle, spaced by the CQ's poll count) and one look at
+// the next slot's sequence word. (wc is looked at only when there is
+// something to write into it: NULL with a completion ready is EINVAL.)
 int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
-  if (__builtin_expect(num_entries <= 0 || !wc, 0)) {
-    if (num_entries < 0 || (num_entries > 0 && !wc)) return -EINVAL;
-  }
   LocalContext* core = to_ctx(ibcq->context)->core;
+  if (__builtin_expect(num_entries <= 0, 0)) return poll_no_entries(core, num_entries);
   Cq* cq = to_cq(ibcq);
-  core->progress_all();  // queued sends waiting for a receiver, peers' error reports
-  if (num_entries == 0 || nothing_ready(cq)) return 0;
+  const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
+  cq->polls.store(n, std::memory_order_relaxed);
+  if (!core->progress_idle(n)) [[unlikely]]
+    return poll_slow(cq, core, n, num_entries, wc);
+  if (!next_ready(cq)) return 0;
   return poll_locked(cq, core, num_entries, wc);
 }
 
@@ -312,16 +330,10 @@ int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
   if (cqe < 1 || static_cast<uint32_t>(cqe) > limits::kMaxCqe) return EINVAL;
   Cq* cq = to_cq(ibcq);
   std::lock_guard lk(cq->poll_lock);  // the ring's single consumer is us while it moves
-  if (int rc = add_view(cq, Ring{})) return rc;  // before the resize, which cannot be undone
   CqInfo info;
-  if (int rc = to_ctx(ibcq->context)->core->resize_cq(cq->info.index, static_cast<uint32_t>(cqe), &info)) {
-    cq->views.pop_back();
-    return rc;
-  }
+  if (int rc = to_ctx(ibcq->context)->core->resize_cq(cq->info.index, static_cast<uint32_t>(cqe), &info)) return rc;
   cq->info = info;
-  *cq->views.back() = info.ring;
-  cq->next_pos.store(info.ring.consumer_position(), std::memory_order_relaxed);
-  cq->peek_view.store(cq->views.back().get(), std::memory_order_release);
+  set_next(cq, info.ring.consumer_position());
   ibcq->cqe = static_cast<int>(info.capacity);
   return 0;
 }

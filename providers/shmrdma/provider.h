@@ -51,18 +51,19 @@ struct Cq {
   uint64_t cur_ts = 0;   // its completion timestamp (device clock: CLOCK_MONOTONIC ns)
   uint64_t last_ts = 0;  // the latest handed out: a CQ's stamps never go back (under poll_lock)
   uint32_t events_reported = 0;  // completion events handed out (under vcq.cq.mutex); destroy waits for their acks
-  // Empty polls that skipped the lock (cq.cc nothing_ready): a racy count is
-  // fine, it only spaces out the locked polls that watch for a dead producer.
-  std::atomic<uint32_t> empty_polls{0};
-  // The ring view nothing_ready peeks at without the lock. resize_cq
-  // publishes a new view and keeps the old ones until the CQ is destroyed, so
-  // a lock-free reader never sees a view being rewritten.
-  std::atomic<const Ring*> peek_view{nullptr};
-  // The ring's consumer position after the last locked poll (written under
-  // poll_lock, read by nothing_ready): private, so an empty poll reads only
-  // the next slot's sequence word in shared memory.
+  // Polls of this CQ (a racy count is fine): it spaces out the locked empty
+  // polls that watch for a dead producer and the looks for dead peers.
+  std::atomic<uint32_t> polls{0};
+  // Where the next completion will be, written under poll_lock after every
+  // poll (set_next in cq.cc): the consumer position, kept privately (an
+  // empty poll reads no shared index), and the sequence word of its slot,
+  // which reads next_pos + 1 once that slot is published. Read without the
+  // lock by the empty poll (advisory: a stale pair sends it to the locked
+  // poll, or misses a completion that the next poll finds). The word of a
+  // ring resize_cq replaced stays mapped (the context's heap) until the
+  // context closes.
   std::atomic<uint32_t> next_pos{0};
-  std::vector<std::unique_ptr<Ring>> views;  // under poll_lock
+  std::atomic<const std::atomic<uint32_t>*> next_seq{nullptr};
   ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD
 };
 

@@ -134,27 +134,21 @@ int enqueue_general(ibv_qp* ibqp, LocalContext* core, Qp* cqp, const ibv_send_wr
 
 }  // namespace
 
+namespace {
+
+int general_post(void* arg, const ibv_send_wr* wr) noexcept {
+  auto* ibqp = static_cast<ibv_qp*>(arg);
+  return enqueue_general(ibqp, to_ctx(ibqp->context)->core, to_qp(ibqp)->core, wr);
+}
+
+}  // namespace
+
 // RC and UC WRITE/SEND/READ/atomics go straight from the ibv_send_wr into the
-// send slot and execute within the call (LocalContext::post_send); the rest
-// is queued through a SendWr and executed by progress() after the list.
+// send slot and execute within the call (LocalContext::post_send_list); the
+// rest is converted here (enqueue_general) and executed by progress() after
+// the list.
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  Qp* cqp = to_qp(ibqp)->core;
-  LocalContext* core = to_ctx(ibqp->context)->core;
-  int rc = 0;
-  bool queued = false;
-  for (; wr; wr = wr->next) {
-    rc = core->post_send(cqp, *wr);
-    if (rc == LocalContext::kPostGeneral) {
-      rc = enqueue_general(ibqp, core, cqp, wr);
-      queued = true;
-    }
-    if (rc) {
-      if (bad_wr) *bad_wr = wr;
-      break;
-    }
-  }
-  if (queued || rc) core->progress(cqp);
-  return rc;
+  return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
