@@ -1,6 +1,8 @@
 // Completion queues: ibv_create_cq / ibv_create_cq_ex (with the ibv_cq_ex
 // poll API), resize, arming (req_notify_cq), completion events, and the
 // completion channel entry points the shim calls (shim_abi.h).
+#include <sched.h>
+
 #include <climits>
 #include <ctime>
 #include <cerrno>
@@ -91,6 +93,16 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
 
 Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 
+// Every this many empty polls of a CQ the poller yields its CPU
+// (sched_yield). A program that busy-polls for a peer's completion and the
+// peer that has to produce it may share one CPU (two vCPUs, other load):
+// without the yield each spins for a whole scheduler slice (~4 ms) before the
+// other runs, so every round trip costs milliseconds (fi_pingpong over
+// "verbs;ofi_rxm", rstream). 1024 empty polls are some tens of µs of
+// spinning; with nothing else runnable the yield returns at once (one
+// system call per 1024 empty polls, none on polls that find completions).
+constexpr uint32_t kYieldEveryEmptyPolls = 256;
+
 // An empty poll without the lock: true when no completion is ready. Every
 // 64th empty poll still goes through the locked path, whose empty polls
 // watch for a producer that died mid-push (LocalContext::skip_dead_push).
@@ -99,6 +111,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   if (!view || view->ready_at(cq->next_pos.load(std::memory_order_relaxed))) return false;
   const uint32_t n = cq->empty_polls.load(std::memory_order_relaxed) + 1;
   cq->empty_polls.store(n, std::memory_order_relaxed);
+  if (__builtin_expect((n & (kYieldEveryEmptyPolls - 1)) == 0, 0)) sched_yield();
   return (n & 63) != 0;
 }
 
