@@ -1,6 +1,8 @@
 // Completion queues: ibv_create_cq / ibv_create_cq_ex (with the ibv_cq_ex
 // poll API), resize, arming (req_notify_cq), completion events, and the
 // completion channel entry points the shim calls (shim_abi.h).
+#include <sched.h>
+
 #include <climits>
 #include <ctime>
 #include <cerrno>
@@ -84,6 +86,16 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
 
 Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 
+// Every this many empty polls of a CQ the poller yields its CPU
+// (sched_yield). A program that busy-polls for a peer's completion and the
+// peer that has to produce it may share one CPU (two vCPUs, other load):
+// without the yield each spins for a whole scheduler slice (~4 ms) before the
+// other runs, so every round trip costs milliseconds (fi_pingpong over
+// "verbs;ofi_rxm", rstream). 256 empty polls are some µs of
+// spinning; with nothing else runnable the yield returns at once (one
+// system call per 256 empty polls, none on polls that find completions).
+constexpr uint32_t kYieldEveryEmptyPolls = 256;
+
 // Whether the next completion looks ready (no lock; advisory).
 [[gnu::always_inline]] inline bool next_ready(const Cq* cq) {
   return cq->next_seq.load(std::memory_order_relaxed)->load(std::memory_order_relaxed) ==
@@ -97,6 +109,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   if (next_ready(cq)) return false;
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
+  if (__builtin_expect((n & (kYieldEveryEmptyPolls - 1)) == 0, 0)) sched_yield();
   return (n & 63) != 0;
 }
 
