@@ -192,6 +192,7 @@ Id* CmService::Impl::new_id(Channel* c, uint64_t uid, uint16_t ps, uint8_t qp_ty
   id->ch = c;
   id->uid = uid;
   id->ps = ps;
+  id->port_ps = ps;
   id->qp_type = qp_type;
   id->qkey = ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? kUdpQkey : 0;
   Id* raw = id.get();
@@ -318,7 +319,7 @@ int CmService::Impl::set_device_for(const Addr& a, DevBind* d) {
 int CmService::Impl::bind_port(Id* id, uint16_t port) {
   auto clash = [&](uint16_t p) {
     for (auto& [h, o] : ids) {
-      if (o.get() == id || !o->port_bound || o->ps != id->ps || o->src.port != p) continue;
+      if (o.get() == id || !o->port_bound || o->port_ps != id->port_ps || o->src.port != p) continue;
       if (!o->src.any() && !id->src.any() && !o->src.same_ip(id->src)) continue;
       if (id->reuseaddr && o->reuseaddr && o->st != St::Listen) continue;
       if (o->listener) continue;  // passive ids share their listener's port
@@ -373,8 +374,10 @@ void CmService::handle(const pollfd* fds, size_t n) {
 
 int CmService::timeout_ms() const {
   int64_t next = -1;
-  for (auto& [h, id] : impl_->ids)
+  for (auto& [h, id] : impl_->ids) {
     if (id->retry_at >= 0 && (next < 0 || id->retry_at < next)) next = id->retry_at;
+    if (id->timewait_at >= 0 && (next < 0 || id->timewait_at < next)) next = id->timewait_at;
+  }
   if (!impl_->outbox.empty()) return kOutboxTickMs;
   if (next < 0) return -1;
   return static_cast<int>(std::max<int64_t>(0, next - now_ms()));
