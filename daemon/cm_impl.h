@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <endian.h>
-#include <infiniband/ib.h>
 #include <infiniband/sa.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_user_cm.h>
@@ -105,6 +104,24 @@ struct Addr {
   }
   bool same_ip(const Addr& o) const { return !std::memcmp(ip, o.ip, 16); }
 };
+
+// struct sockaddr_ib, as the kernel's ABI has it (librdmacm's
+// <infiniband/ib.h>; kept here so that the daemon does not need
+// librdmacm's headers to build).
+#ifndef AF_IB
+#define AF_IB 27
+#endif
+struct sockaddr_ib {
+  unsigned short int sib_family;
+  uint16_t sib_pkey;      // big-endian
+  uint32_t sib_flowinfo;  // big-endian
+  uint8_t sib_addr[16];   // the GID
+  uint64_t sib_sid;       // big-endian
+  uint64_t sib_sid_mask;  // big-endian
+  uint64_t sib_scope_id;
+};
+static_assert(sizeof(sockaddr_ib) == 48 && offsetof(sockaddr_ib, sib_addr) == 8 &&
+              offsetof(sockaddr_ib, sib_sid) == 24);
 
 // The port spaces' service ids as AF_IB addresses carry them (rdma_cma.h).
 constexpr uint64_t kIbPsMask = 0xFFFFFFFFFFFF0000ull;

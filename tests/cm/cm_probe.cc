@@ -646,7 +646,8 @@ int afib(const char* ip) {
   rdma_cm_id* id = nullptr;
   check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0, "rdma_create_id");
   sockaddr_storage w = ib_wildcard(0);
-  check(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&w)) == 0, "binding the AF_IB wildcard (librdmacm uses the AF_IB set)");
+  check(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&w)) == 0,
+        "binding the AF_IB wildcard (librdmacm uses the AF_IB set)");
   const auto* l = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(id));
   const uint64_t sid = be64toh(l->sib_sid);
   check(l->sib_family == AF_IB && (sid & ~0xffffull) == 0x01060000ull && (sid & 0xffff) != 0 &&
@@ -678,7 +679,8 @@ int afib(const char* ip) {
   check(rdma_create_id(ch, &id3, nullptr, RDMA_PS_TCP) == 0, "a third id");
   sockaddr_storage mine = addr_of(ip, 0);
   check(rdma_bind_addr(id3, reinterpret_cast<sockaddr*>(&mine)) == 0, "an IPv4 bind through BIND");
-  check(rdma_get_local_addr(id3)->sa_family == AF_INET && id3->verbs != nullptr, "QUERY_ADDR: an IPv4 source, the device");
+  check(rdma_get_local_addr(id3)->sa_family == AF_INET && id3->verbs != nullptr,
+        "QUERY_ADDR: an IPv4 source, the device");
   check(rdma_resolve_addr(id3, nullptr, reinterpret_cast<sockaddr*>(&g), 1000) != 0 && errno == EINVAL,
         "an AF_IB destination for an IPv4 source: EINVAL");
 

@@ -441,7 +441,8 @@ TEST_F(CmProbe, AfIbCommandsQueryAndPathRecord) {
 
 TEST_F(CmProbe, AfIbListenerTakesIpConnections) {
   const std::string p = port();
-  auto [s, c] = pair(ns_a_, {probe_, "server", "ib-any", p, "accept"}, ns_b_, {probe_, "client", a_, p, "DISCONNECT-SELF"});
+  auto [s, c] = pair(ns_a_, {probe_, "server", "ib-any", p, "accept"}, ns_b_,
+                     {probe_, "client", a_, p, "DISCONNECT-SELF"});
   EXPECT_TRUE(contains(s.out, "AF_IB-REQUEST") && contains(s.out, "ECHOED")) << s.out;
   EXPECT_TRUE(contains(c.out, "ECHO-OK")) << c.out;
 }
@@ -450,7 +451,8 @@ TEST_F(CmProbe, TimewaitExitAfterDisconnect) {
   const std::string p = port();
   auto [s, c] = pair(ns_a_, {probe_, "server", a_, p, "timewait"}, ns_b_, {probe_, "client", a_, p, "TIMEWAIT-EXIT"});
   EXPECT_TRUE(contains(c.out, "EVENT RDMA_CM_EVENT_TIMEWAIT_EXIT 0")) << c.out;
-  EXPECT_TRUE(contains(s.out, "EVENT RDMA_CM_EVENT_DISCONNECTED") && contains(s.out, "EVENT RDMA_CM_EVENT_TIMEWAIT_EXIT 0"))
+  EXPECT_TRUE(contains(s.out, "EVENT RDMA_CM_EVENT_DISCONNECTED") &&
+              contains(s.out, "EVENT RDMA_CM_EVENT_TIMEWAIT_EXIT 0"))
       << s.out;
 }
 

@@ -301,7 +301,8 @@ static size_t cmd_len(uint32_t cmd, uint16_t in, int *err) {
     case RDMA_USER_CM_CMD_QUERY_ROUTE: return sizeof(struct rdma_ucm_query);
     case RDMA_USER_CM_CMD_CONNECT:
     case RDMA_USER_CM_CMD_ACCEPT: {
-      const size_t full = cmd == RDMA_USER_CM_CMD_CONNECT ? sizeof(struct rdma_ucm_connect) : sizeof(struct rdma_ucm_accept);
+      const size_t full =
+          cmd == RDMA_USER_CM_CMD_CONNECT ? sizeof(struct rdma_ucm_connect) : sizeof(struct rdma_ucm_accept);
       const size_t least = cmd == RDMA_USER_CM_CMD_CONNECT ? offsetof(struct rdma_ucm_connect, ece)
                                                            : offsetof(struct rdma_ucm_accept, ece);
       if (in < least) {
