@@ -806,6 +806,20 @@ int afib(const char* ip) {
             qr.ib_route[0].pkey == htons(0xffff) && qr.ib_route[0].dlid == 0 && qr.ib_route[0].mtu == IBV_MTU_1024 &&
             qr.ib_route[0].packet_life_time == 16 && !std::memcmp(qr.ib_route[0].sgid, gid, 16),
         "QUERY_ROUTE: the same path record");
+  // CONNECT (ucma_connect): `in` must reach the ECE fields (the shim copies
+  // what the handler reads), then conn_param.valid is checked before the id.
+  struct Connect {
+    uint8_t b[288];  // rdma_ucm_connect: conn_param (272), id, reserved, ece
+  } cn{};
+  struct ShortConnect {
+    uint8_t b[16];
+  } sc{};
+  check(raw_cmd(fd, 6, sc, 0) < 0 && errno == EINVAL, "CONNECT shorter than its fixed part: EINVAL");
+  const uint32_t nobody = 0x7ffffff0;
+  std::memcpy(cn.b + 272, &nobody, 4);
+  check(raw_cmd(fd, 6, cn, 0) < 0 && errno == EINVAL, "CONNECT without conn_param.valid: EINVAL, before the id");
+  cn.b[271] = 1;
+  check(raw_cmd(fd, 6, cn, 0) < 0 && errno == ENOENT, "CONNECT (valid) naming an id nobody has: ENOENT");
   rdma_ucm_join_mcast j{};
   rdma_ucm_create_id_resp jr{};
   j.response = reinterpret_cast<uintptr_t>(&jr);
