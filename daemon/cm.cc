@@ -357,14 +357,18 @@ void CmService::add_fds(std::vector<pollfd>* fds) {
 
 void CmService::handle(const pollfd* fds, size_t n) {
   Impl& s = *impl_;
-  if (n >= 2 && (fds[1].revents & POLLIN)) s.on_mad();
   // Channels by position (add_fds listed them in order; new ones come after).
+  // Their commands go first, then the peers' MADs: when a LISTEN and a REQ
+  // for it are both pending, the REQ finds the listener (perftest -R sets up
+  // its RDMA CM listener and its client connects at the same moment, right
+  // after its TCP handshake; under load both reach the daemon in one wake-up).
   for (size_t i = 2; i < n && i - 2 < s.channels.size(); ++i) {
     Channel& c = *s.channels[i - 2];
     if (fds[i].fd != c.fd) continue;
     if (fds[i].revents & POLLIN) s.on_channel(c);
     if ((fds[i].revents & (POLLHUP | POLLERR)) && !(fds[i].revents & POLLIN)) c.dead = true;
   }
+  if (n >= 2 && (fds[1].revents & POLLIN)) s.on_mad();
   for (auto& c : s.channels)
     if (c->dead && c->fd >= 0) s.close_channel(*c);
   std::erase_if(s.channels, [](const std::unique_ptr<Channel>& c) { return c->fd < 0; });
