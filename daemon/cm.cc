@@ -192,6 +192,7 @@ Id* CmService::Impl::new_id(Channel* c, uint64_t uid, uint16_t ps, uint8_t qp_ty
   id->ch = c;
   id->uid = uid;
   id->ps = ps;
+  id->port_ps = ps;
   id->qp_type = qp_type;
   id->qkey = ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? kUdpQkey : 0;
   Id* raw = id.get();
@@ -318,7 +319,7 @@ int CmService::Impl::set_device_for(const Addr& a, DevBind* d) {
 int CmService::Impl::bind_port(Id* id, uint16_t port) {
   auto clash = [&](uint16_t p) {
     for (auto& [h, o] : ids) {
-      if (o.get() == id || !o->port_bound || o->ps != id->ps || o->src.port != p) continue;
+      if (o.get() == id || !o->port_bound || o->port_ps != id->port_ps || o->src.port != p) continue;
       if (!o->src.any() && !id->src.any() && !o->src.same_ip(id->src)) continue;
       if (id->reuseaddr && o->reuseaddr && o->st != St::Listen) continue;
       if (o->listener) continue;  // passive ids share their listener's port
@@ -356,14 +357,18 @@ void CmService::add_fds(std::vector<pollfd>* fds) {
 
 void CmService::handle(const pollfd* fds, size_t n) {
   Impl& s = *impl_;
-  if (n >= 2 && (fds[1].revents & POLLIN)) s.on_mad();
   // Channels by position (add_fds listed them in order; new ones come after).
+  // Their commands go first, then the peers' MADs: when a LISTEN and a REQ
+  // for it are both pending, the REQ finds the listener (perftest -R sets up
+  // its RDMA CM listener and its client connects at the same moment, right
+  // after its TCP handshake; under load both reach the daemon in one wake-up).
   for (size_t i = 2; i < n && i - 2 < s.channels.size(); ++i) {
     Channel& c = *s.channels[i - 2];
     if (fds[i].fd != c.fd) continue;
     if (fds[i].revents & POLLIN) s.on_channel(c);
     if ((fds[i].revents & (POLLHUP | POLLERR)) && !(fds[i].revents & POLLIN)) c.dead = true;
   }
+  if (n >= 2 && (fds[1].revents & POLLIN)) s.on_mad();
   for (auto& c : s.channels)
     if (c->dead && c->fd >= 0) s.close_channel(*c);
   std::erase_if(s.channels, [](const std::unique_ptr<Channel>& c) { return c->fd < 0; });
@@ -373,8 +378,10 @@ void CmService::handle(const pollfd* fds, size_t n) {
 
 int CmService::timeout_ms() const {
   int64_t next = -1;
-  for (auto& [h, id] : impl_->ids)
+  for (auto& [h, id] : impl_->ids) {
     if (id->retry_at >= 0 && (next < 0 || id->retry_at < next)) next = id->retry_at;
+    if (id->timewait_at >= 0 && (next < 0 || id->timewait_at < next)) next = id->timewait_at;
+  }
   if (!impl_->outbox.empty()) return kOutboxTickMs;
   if (next < 0) return -1;
   return static_cast<int>(std::max<int64_t>(0, next - now_ms()));

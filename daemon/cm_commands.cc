@@ -18,13 +18,18 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
     case RDMA_USER_CM_CMD_BIND_IP: {
       rdma_ucm_bind_ip cmd;
       take(in, &cmd);
-      cmd_bind(c, cmd.id, &cmd.addr, sizeof cmd.addr, &r);
+      // ucma_bind_ip: rdma_addr_size_in6 (AF_INET or AF_INET6 only) before the id.
+      const size_t size = rdma_addr_size(&cmd.addr);
+      if (!size || size > sizeof cmd.addr) r.err = EINVAL;
+      else cmd_bind(c, cmd.id, &cmd.addr, size, &r);
       break;
     }
     case RDMA_USER_CM_CMD_BIND: {
       rdma_ucm_bind cmd;
       take(in, &cmd);
-      if (cmd.addr_size > sizeof cmd.addr) r.err = EINVAL;
+      // ucma_bind: addr_size must be rdma_addr_size of the address (AF_INET,
+      // AF_INET6 or AF_IB), checked before the id.
+      if (cmd.reserved || !cmd.addr_size || cmd.addr_size != rdma_addr_size(&cmd.addr)) r.err = EINVAL;
       else cmd_bind(c, cmd.id, &cmd.addr, cmd.addr_size, &r);
       break;
     }
@@ -33,6 +38,11 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
       take(in, &cmd);
       Addr src, dst;
       const bool has_src = cmd.src_addr.sin6_family != 0;
+      const size_t ssize = rdma_addr_size(&cmd.src_addr), dsize = rdma_addr_size(&cmd.dst_addr);
+      if ((has_src && (!ssize || ssize > sizeof cmd.src_addr)) || !dsize || dsize > sizeof cmd.dst_addr) {
+        r.err = EINVAL;  // ucma_resolve_ip: rdma_addr_size_in6
+        break;
+      }
       if ((has_src && (r.err = parse_addr(&cmd.src_addr, sizeof cmd.src_addr, &src))) ||
           (r.err = parse_addr(&cmd.dst_addr, sizeof cmd.dst_addr, &dst)))
         break;
@@ -43,11 +53,13 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
       rdma_ucm_resolve_addr cmd;
       take(in, &cmd);
       Addr src, dst;
-      if (cmd.src_size > sizeof cmd.src_addr || cmd.dst_size > sizeof cmd.dst_addr) {
+      // ucma_resolve_addr: each size must be rdma_addr_size of its address; a source is optional.
+      if (cmd.reserved || (cmd.src_size && cmd.src_size != rdma_addr_size(&cmd.src_addr)) || !cmd.dst_size ||
+          cmd.dst_size != rdma_addr_size(&cmd.dst_addr)) {
         r.err = EINVAL;
         break;
       }
-      const bool has_src = cmd.src_size != 0 && cmd.src_addr.ss_family != 0;
+      const bool has_src = cmd.src_size != 0;
       if ((has_src && (r.err = parse_addr(&cmd.src_addr, cmd.src_size, &src))) ||
           (r.err = parse_addr(&cmd.dst_addr, cmd.dst_size, &dst)))
         break;
@@ -63,6 +75,7 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
         r.err = EINVAL;
         break;
       }
+      if ((r.err = resolve_route(id))) break;
       id->st = St::RouteResolved;
       queue(id, event_for(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0), id->handle);
       break;
@@ -109,13 +122,15 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
     case RDMA_USER_CM_CMD_JOIN_IP_MCAST: {
       rdma_ucm_join_ip_mcast cmd;
       take(in, &cmd);
-      cmd_join(c, cmd.id, cmd.uid, &cmd.addr, sizeof cmd.addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, h.out, &r);
+      const size_t size = rdma_addr_size(&cmd.addr);  // ucma_join_ip_multicast: rdma_addr_size_in6
+      if (!size || size > sizeof cmd.addr) r.err = EINVAL;
+      else cmd_join(c, cmd.id, cmd.uid, &cmd.addr, size, RDMA_MC_JOIN_FLAG_FULLMEMBER, h.out, &r);
       break;
     }
     case RDMA_USER_CM_CMD_JOIN_MCAST: {
       rdma_ucm_join_mcast cmd;
       take(in, &cmd);
-      if (cmd.addr_size > sizeof cmd.addr) r.err = EINVAL;
+      if (!rdma_addr_size(&cmd.addr)) r.err = EINVAL;  // ucma_join_multicast: rdma_addr_size_kss
       else cmd_join(c, cmd.id, cmd.uid, &cmd.addr, cmd.addr_size, cmd.join_flags, h.out, &r);
       break;
     }
@@ -174,6 +189,29 @@ void CmService::Impl::cmd_destroy(Channel& c, const std::vector<uint8_t>& in, ui
   put(r, resp, out);
 }
 
+// cma.c cma_select_ib_ps: the port space an AF_IB address's service id
+// names (0: none the id may use); makes the id's service id ps | port.
+static uint16_t select_ib_ps(uint16_t id_ps, Addr* a) {
+  const uint64_t mask = a->sid_mask & kIbPsMask, sid = a->sid & mask;
+  uint64_t sid_ps = 0;
+  uint16_t ps = 0;
+  if (id_ps == RDMA_PS_IB && sid == (kIbPsIb & mask)) {
+    sid_ps = kIbPsIb;
+    ps = RDMA_PS_IB;
+  } else if ((id_ps == RDMA_PS_IB || id_ps == RDMA_PS_TCP) && sid == (kIbPsTcp & mask)) {
+    sid_ps = kIbPsTcp;
+    ps = RDMA_PS_TCP;
+  } else if ((id_ps == RDMA_PS_IB || id_ps == RDMA_PS_UDP) && sid == (kIbPsUdp & mask)) {
+    sid_ps = kIbPsUdp;
+    ps = RDMA_PS_UDP;
+  }
+  if (ps) {
+    a->sid = sid_ps | a->port;
+    a->sid_mask |= kIbPsMask;
+  }
+  return ps;
+}
+
 void CmService::Impl::cmd_bind(Channel& c, uint32_t handle, const void* addr, size_t len, ReplyOut* r) {
   Id* id = find(c, handle, &r->err);
   if (!id) return;
@@ -184,7 +222,21 @@ void CmService::Impl::cmd_bind(Channel& c, uint32_t handle, const void* addr, si
     return;
   }
   DevBind d;
-  if (!a.any() && !a.loopback()) {
+  uint16_t ps = id->ps;
+  if (a.family == AF_IB) {
+    // An AF_IB address other than the wildcard names a GID, which the
+    // kernel looks for on InfiniBand ports only (cma_validate_port): on a
+    // host with RoCE ports alone that is ENODEV. The wildcard binds no
+    // device, as for IP (librdmacm's AF_IB probe binds exactly that).
+    if (!a.any()) {
+      r->err = ENODEV;
+      return;
+    }
+    if (!(ps = select_ib_ps(id->ps, &a))) {
+      r->err = EPROTONOSUPPORT;  // cma_get_port
+      return;
+    }
+  } else if (!a.any() && !a.loopback()) {
     if (!local_ip(a)) {
       r->err = EADDRNOTAVAIL;
       return;
@@ -192,11 +244,20 @@ void CmService::Impl::cmd_bind(Channel& c, uint32_t handle, const void* addr, si
     if ((r->err = set_device_for(a, &d))) return;  // a local address no RoCE device holds: ENODEV
   }
   const Addr old = id->src;
+  const uint16_t old_ps = id->port_ps;
   id->src = a;
+  id->port_ps = ps;
   if ((r->err = bind_port(id, a.port))) {
     id->src = old;
+    id->port_ps = old_ps;
     return;
   }
+  if (a.family == AF_IB) {  // cma_bind_port: the service id now names the port exactly
+    id->src.sid = (id->src.sid & id->src.sid_mask) | id->src.port;
+    id->src.sid_mask = ~0ull;
+  }
+  id->dst = Addr{};
+  id->dst.family = a.family;  // rdma_bind_addr: the destination takes the source's family
   id->dev = d;
   id->st = St::Bound;
 }
@@ -204,6 +265,10 @@ void CmService::Impl::cmd_bind(Channel& c, uint32_t handle, const void* addr, si
 void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r) {
   Id* id = find(c, handle, &r->err);
   if (!id) return;
+  if (dst.family == AF_IB || (src && src->family == AF_IB) || id->src.family == AF_IB) {
+    resolve_ib(c, id, src, dst, r);
+    return;
+  }
   if (id->st == St::Idle) {
     Addr s;
     if (src) {
@@ -273,6 +338,95 @@ void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, 
   queue(id, event_for(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0), id->handle);
 }
 
+// AF_IB address resolution (cma.c cma_resolve_ib_addr / cma_resolve_ib_dev):
+// the destination is a GID; the device is the one of this namespace whose
+// port holds it (then the source GID is the same), else one with an active
+// port holding a GID of the same subnet prefix; the P_Key must be in the
+// port's table (RoCE: 0xffff only). No device: ENODEV, from the command.
+// A wildcard destination is loopback: the first active port, its GID 0.
+// Both ends must be AF_IB (resolve_prepare_src). On RoCE the route then
+// fails (RESOLVE_ROUTE: ENODEV), as the kernel has no netdev for such an id.
+void CmService::Impl::resolve_ib(Channel& c, Id* id, const Addr* src, const Addr& dst, ReplyOut* r) {
+  if (id->st == St::Idle) {
+    Addr s;
+    if (src) {
+      s = *src;
+    } else {
+      s.family = dst.family;  // cma_bind_addr: a wildcard of the destination's family
+      if (dst.family == AF_IB) s.pkey_be = dst.pkey_be;
+      else if (dst.v4()) s.ip[10] = s.ip[11] = 0xff;
+    }
+    sockaddr_storage sa{};
+    store_addr(s, &sa, sizeof sa);
+    ReplyOut br;
+    cmd_bind(c, id->handle, &sa, rdma_addr_size(&sa), &br);
+    if ((r->err = br.err)) return;
+  }
+  if (id->st != St::Bound || id->src.family != dst.family) {
+    r->err = EINVAL;
+    return;
+  }
+  uint8_t sgid[16];
+  Addr src_after = id->src;
+  if (dst.any()) {
+    Addr lo;
+    if (loopback_source(&lo, true)) {
+      r->err = ENODEV;  // cma_bind_loopback: no device
+      return;
+    }
+    std::memcpy(sgid, lo.ip, 16);
+    std::memset(src_after.ip, 0, 16);
+    src_after.ip[15] = 1;  // cma_set_loopback: the source becomes ::1
+  } else {
+    if ((ntohs(dst.pkey_be) & 0x7fff) != 0x7fff) {
+      r->err = ENODEV;  // no port has that P_Key
+      return;
+    }
+    Addr exact;
+    std::memcpy(exact.ip, dst.ip, 16);
+    DevBind probe;
+    if (set_device_for(exact, &probe) == 0) std::memcpy(sgid, dst.ip, 16);
+    else if (!ns_gid_like(dst.ip, sgid)) {
+      r->err = ENODEV;
+      return;
+    }
+    std::memcpy(src_after.ip, sgid, 16);
+  }
+  Addr sg;
+  std::memcpy(sg.ip, sgid, 16);
+  DevBind d;
+  if ((r->err = set_device_for(sg, &d))) return;
+  id->dev = d;
+  id->src = src_after;
+  id->dst = dst;
+  std::memcpy(id->dgid, dst.any() ? sgid : dst.ip, 16);
+  id->st = St::AddrResolved;
+  queue(id, event_for(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0), id->handle);
+}
+
+// The route of an IP id on a RoCE port: one path (cma.c cma_resolve_iboe_route).
+int CmService::Impl::resolve_route(Id* id) {
+  if (!id->dev.set) return EINVAL;
+  if (id->src.family == AF_IB || id->dst.family == AF_IB) return ENODEV;  // no netdev bound to it
+  PathRec& p = id->path;
+  p = PathRec{};
+  p.set = true;
+  std::memcpy(p.sgid, id->dev.sgid, 16);
+  std::memcpy(p.dgid, id->dgid, 16);
+  p.hop_limit = kHopLimit;
+  p.pkey = 0xffff;
+  p.sl = 0;  // iboe_tos_to_sl: no VLAN, no traffic classes
+  p.traffic_class = id->tos;
+  p.mtu = static_cast<uint8_t>(id->dev.active_mtu);
+  p.rate = kRoceRate;
+  p.packet_life_time = id->ack_timeout ? static_cast<uint8_t>(id->ack_timeout - 1) : kPacketLifeTime;
+  // RoCE v2 (cma_get_roce_udp_flow_label): the IPv6 source's flow label, else a hash of the ports.
+  uint32_t fl = id->src.family == AF_INET6 ? ntohl(id->src.flowinfo_be) & 0xFFFFF : 0;
+  if (!fl) fl = (uint32_t{id->src.port} * 31 + id->dst.port) & 0xFFFFF;
+  p.flow_label = fl;
+  return 0;
+}
+
 void CmService::Impl::cmd_query_route(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r) {
   rdma_ucm_query cmd;
   take(in, &cmd);
@@ -283,42 +437,43 @@ void CmService::Impl::cmd_query_route(Channel& c, const std::vector<uint8_t>& in
   Id* id = find(c, cmd.id, &r->err);
   if (!id) return;
   rdma_ucm_query_route_resp resp{};
-  store_addr(id->src, &resp.src_addr, sizeof resp.src_addr);
-  store_addr(id->dst, &resp.dst_addr, sizeof resp.dst_addr);
+  store_addr(id->src, &resp.src_addr, id->src.family == AF_INET ? sizeof(sockaddr_in) : sizeof resp.src_addr);
+  store_addr(id->dst, &resp.dst_addr, id->dst.family == AF_INET ? sizeof(sockaddr_in) : sizeof resp.dst_addr);
   resp.ibdev_index = 0xffffffff;  // unknown: librdmacm matches the node GUID
   if (id->dev.set) {
     resp.node_guid = htobe64(id->dev.node_guid);
     resp.port_num = static_cast<uint8_t>(id->dev.port);
-    ib_user_path_rec& p = resp.ib_route[0];
-    std::memcpy(p.sgid, id->dev.sgid, 16);
-    std::memcpy(p.dgid, id->dgid, 16);
-    p.pkey = htons(0xffff);
-    if (id->st >= St::RouteResolved && id->st != St::Listen) {
+    ib_user_path_rec& u = resp.ib_route[0];
+    if (id->path.set) {  // ib_copy_path_rec_to_user (RoCE: no LIDs)
+      const PathRec& p = id->path;
       resp.num_paths = 1;
-      p.reversible = 1;
-      p.numb_path = 1;
-      p.mtu = id->dev.active_mtu;
-      p.mtu_selector = 2;  // exactly
-      p.hop_limit = kHopLimit;
-      p.traffic_class = id->tos;
-      p.rate = 3;  // 10 Gb/s, nominal
-      p.rate_selector = 2;
-      p.packet_life_time = 16;
-      p.packet_life_time_selector = 2;
+      std::memcpy(u.sgid, p.sgid, 16);
+      std::memcpy(u.dgid, p.dgid, 16);
+      u.flow_label = htonl(p.flow_label);
+      u.reversible = 1;
+      u.mtu = p.mtu;
+      u.pkey = htons(p.pkey);
+      u.hop_limit = p.hop_limit;
+      u.traffic_class = p.traffic_class;
+      u.sl = p.sl;
+      u.mtu_selector = 2;  // exactly
+      u.rate_selector = 2;
+      u.rate = p.rate;
+      u.packet_life_time_selector = 2;
+      u.packet_life_time = p.packet_life_time;
+    } else {  // ucma_copy_iboe_route without a path: the GIDs and the P_Key
+      std::memcpy(u.sgid, id->dev.sgid, 16);
+      std::memcpy(u.dgid, id->dgid, 16);
+      u.pkey = htons(0xffff);
     }
   }
   put(r, resp, out);
 }
 
-void CmService::Impl::cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r) {
-  rdma_ucm_query cmd;
-  take(in, &cmd);
-  Id* id = find(c, cmd.id, &r->err);
-  if (!id) return;
-  if (cmd.option != RDMA_USER_CM_QUERY_ADDR) {
-    r->err = ENOSYS;  // path and GID queries belong to the AF_IB set, which the probe never chooses here
-    return;
-  }
+// QUERY_ADDR (gid false) and QUERY_GID (gid true): ucma_query_addr /
+// ucma_query_gid. The GID form gives both ends as sockaddr_ib: an AF_IB
+// address as it is, an IP one as its GID with the service id of the port.
+void CmService::Impl::query_addr(Id* id, bool gid, uint16_t out, ReplyOut* r) {
   if (out < sizeof(rdma_ucm_query_addr_resp)) {
     r->err = ENOSPC;
     return;
@@ -327,19 +482,96 @@ void CmService::Impl::cmd_query(Channel& c, const std::vector<uint8_t>& in, uint
   if (id->dev.set) {
     resp.node_guid = htobe64(id->dev.node_guid);
     resp.port_num = static_cast<uint8_t>(id->dev.port);
+    resp.pkey = htons(0xffff);
   }
-  resp.pkey = htons(0xffff);
-  resp.src_size = resp.dst_size = sizeof(sockaddr_in6);
-  store_addr(id->src, &resp.src_addr, sizeof resp.src_addr);
-  store_addr(id->dst, &resp.dst_addr, sizeof resp.dst_addr);
   resp.ibdev_index = 0xffffffff;
+  if (!gid) {
+    resp.src_size = addr_size_of(id->src);
+    resp.dst_size = addr_size_of(id->dst);
+    store_addr(id->src, &resp.src_addr, sizeof resp.src_addr);
+    store_addr(id->dst, &resp.dst_addr, sizeof resp.dst_addr);
+  } else {
+    resp.src_size = resp.dst_size = sizeof(sockaddr_ib);
+    for (int end = 0; end < 2; ++end) {
+      const Addr& a = end == 0 ? id->src : id->dst;
+      Addr ib;
+      if (a.family == AF_IB) {
+        ib = a;
+      } else {
+        ib.family = AF_IB;
+        ib.pkey_be = resp.pkey;
+        if (id->dev.set) std::memcpy(ib.ip, end == 0 ? id->dev.sgid : id->dgid, 16);  // rdma_read_gids
+        ib.sid = service_id_of(id->ps, a.port);  // rdma_get_service_id
+      }
+      store_addr(ib, end == 0 ? static_cast<void*>(&resp.src_addr) : static_cast<void*>(&resp.dst_addr),
+                 sizeof resp.src_addr);
+    }
+  }
   put(r, resp, out);
 }
 
-// Loopback: the first active RoCE device of this namespace (in name
-// order), its first IPv4 GID (else its first non-link-local one), as the
-// kernel takes the first active port for a loopback destination.
-int CmService::Impl::loopback_source(Addr* s) {
+// QUERY_PATH (ucma_query_path): the path records in the SA's wire format,
+// as many as fit while more than one record's room is left (the kernel's
+// loop), after the count.
+void CmService::Impl::query_path(Id* id, uint16_t out, ReplyOut* r) {
+  if (out < sizeof(rdma_ucm_query_path_resp)) {
+    r->err = ENOSPC;
+    return;
+  }
+  rdma_ucm_query_path_resp head{};
+  head.num_paths = id->path.set ? 1 : 0;
+  std::vector<uint8_t> body(sizeof head);
+  size_t left = out - sizeof head;
+  for (uint32_t i = 0; i < head.num_paths && left > sizeof(ib_path_rec_data); ++i, left -= sizeof(ib_path_rec_data)) {
+    const PathRec& p = id->path;
+    ibv_path_record w{};
+    w.service_id = htobe64(p.service_id);
+    std::memcpy(w.dgid.raw, p.dgid, 16);
+    std::memcpy(w.sgid.raw, p.sgid, 16);
+    w.flowlabel_hoplimit = htonl((p.flow_label << 8) | p.hop_limit);
+    w.tclass = p.traffic_class;
+    w.reversible_numpath = 0x80;  // reversible, numb_path 0 (as the kernel's record)
+    w.pkey = htons(p.pkey);
+    w.qosclass_sl = htons(p.sl & 0xf);
+    w.mtu = static_cast<uint8_t>(0x80 | (p.mtu & 0x3f));  // selector 2: exactly
+    w.rate = static_cast<uint8_t>(0x80 | (p.rate & 0x3f));
+    w.packetlifetime = static_cast<uint8_t>(0x80 | (p.packet_life_time & 0x3f));
+    ib_path_rec_data d{};
+    d.flags = IB_PATH_GMP | IB_PATH_PRIMARY | IB_PATH_BIDIRECTIONAL;
+    static_assert(sizeof w == sizeof d.path_rec);
+    std::memcpy(d.path_rec, &w, sizeof w);
+    const size_t at = body.size();
+    body.resize(at + sizeof d);
+    std::memcpy(body.data() + at, &d, sizeof d);
+  }
+  std::memcpy(body.data(), &head, sizeof head);
+  r->body = std::move(body);
+}
+
+void CmService::Impl::cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r) {
+  rdma_ucm_query cmd;
+  take(in, &cmd);
+  Id* id = find(c, cmd.id, &r->err);
+  if (!id) return;
+  switch (cmd.option) {
+    case RDMA_USER_CM_QUERY_ADDR:
+      query_addr(id, false, out, r);
+      return;
+    case RDMA_USER_CM_QUERY_PATH:
+      query_path(id, out, r);
+      return;
+    case RDMA_USER_CM_QUERY_GID:
+      query_addr(id, true, out, r);
+      return;
+    default:
+      r->err = ENOSYS;  // ucma_query
+      return;
+  }
+}
+
+// A GID of an active RoCE port of this namespace with the subnet prefix
+// (first 8 bytes) of dgid, as cma_resolve_ib_dev takes when none is dgid.
+bool CmService::Impl::ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]) {
   for (const std::string& n : list_devices(home)) {
     Registry reg;
     if (Registry::attach(device_paths(home, n), &reg) != 0) continue;
@@ -348,8 +580,29 @@ int CmService::Impl::loopback_source(Addr* s) {
       continue;
     PortNetView v;
     if (reg.port_net_settled(1, &v) != 0 || v.state != IBV_PORT_ACTIVE) continue;
-    int pick = -1;
-    for (uint32_t i = 0; i < limits::kGidTableLen; ++i) {
+    for (uint32_t i = 0; i < limits::kGidTableLen; ++i)
+      if (v.valid(i) && !std::memcmp(v.gids[i].gid, dgid, 8)) {
+        std::memcpy(sgid, v.gids[i].gid, 16);
+        return true;
+      }
+  }
+  return false;
+}
+
+// Loopback: the first active RoCE device of this namespace (in name
+// order), its first IPv4 GID (else its first non-link-local one), as the
+// kernel takes the first active port for a loopback destination.
+int CmService::Impl::loopback_source(Addr* s, bool gid0) {
+  for (const std::string& n : list_devices(home)) {
+    Registry reg;
+    if (Registry::attach(device_paths(home, n), &reg) != 0) continue;
+    const layout::NetBinding& b = reg.device().net;
+    if (b.link_layer != layout::kLinkLayerEthernet || b.netns_dev != paths.netns_dev || b.netns_ino != paths.netns_ino)
+      continue;
+    PortNetView v;
+    if (reg.port_net_settled(1, &v) != 0 || v.state != IBV_PORT_ACTIVE) continue;
+    int pick = gid0 && v.valid(0) ? 0 : -1;  // AF_IB loopback (cma_bind_loopback): GID 0
+    for (uint32_t i = 0; i < limits::kGidTableLen && !(gid0 && pick == 0); ++i) {
       if (!v.valid(i) || v.gids[i].gid[0] == 0xfe) continue;
       Addr a;
       std::memcpy(a.ip, v.gids[i].gid, 16);
@@ -369,6 +622,10 @@ int CmService::Impl::loopback_source(Addr* s) {
 void CmService::Impl::cmd_connect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r) {
   rdma_ucm_connect cmd;
   take(in, &cmd);
+  if (!cmd.conn_param.valid) {
+    r->err = EINVAL;  // ucma_connect, before the id
+    return;
+  }
   Id* id = find(c, cmd.id, &r->err);
   if (!id) return;
   const rdma_ucm_conn_param& p = cmd.conn_param;
@@ -410,16 +667,21 @@ void CmService::Impl::cmd_connect(Channel& c, const std::vector<uint8_t>& in, Re
   q.psn_misc.set_bits(31, 8, id->local_psn);
   q.psn_misc.set_bits(7, 3, 20);
   q.psn_misc.set_bits(2, 0, p.retry_count & 7);
-  q.pkey.set(0xffff);
-  q.mtu_rnr.set_bits(7, 4, id->dev.active_mtu);
+  q.pkey.set(id->path.pkey);
+  q.mtu_rnr.set_bits(7, 4, id->path.mtu);
   q.mtu_rnr.set_bits(2, 0, p.rnr_retry_count & 7);
   q.retries_srq.set_bits(7, 4, 15);
   q.retries_srq.set_bits(3, 3, p.srq ? 1 : 0);
   std::memcpy(q.primary.local_gid, id->dev.sgid, 16);
   std::memcpy(q.primary.remote_gid, id->dgid, 16);
-  q.primary.traffic_class = id->tos;
-  q.primary.hop_limit = kHopLimit;
-  q.primary.ack_timeout.set_bits(7, 3, id->ack_timeout ? id->ack_timeout : kDefaultAckTimeout);
+  // The primary path as cm.c cm_format_req writes it from the route (RoCE: no LIDs).
+  q.primary.flow_rate.set_bits(31, 12, id->path.flow_label);
+  q.primary.flow_rate.set_bits(5, 0, id->path.rate);
+  q.primary.traffic_class = id->path.traffic_class;
+  q.primary.hop_limit = id->path.hop_limit;
+  q.primary.sl_subnet.set_bits(7, 4, id->path.sl);
+  q.primary.sl_subnet.set_bits(3, 3, id->path.hop_limit <= 1 ? 1 : 0);
+  q.primary.ack_timeout.set_bits(7, 3, std::min(31, id->path.packet_life_time + 1));
   cm::CmaHeader hdr{};
   hdr.ip_version = id->dst.v4() ? 4 << 4 : 6 << 4;
   hdr.port.set(id->src.port);
@@ -449,7 +711,7 @@ void CmService::Impl::cmd_listen(Channel& c, const std::vector<uint8_t>& in, Rep
     return;
   }
   for (auto& [h, o] : ids) {
-    if (o.get() == id || o->st != St::Listen || o->ps != id->ps || o->src.port != id->src.port) continue;
+    if (o.get() == id || o->st != St::Listen || o->port_ps != id->port_ps || o->src.port != id->src.port) continue;
     if (o->src.any() || id->src.any() || o->src.same_ip(id->src)) {
       r->err = EADDRINUSE;
       return;
@@ -577,9 +839,13 @@ void CmService::Impl::cmd_disconnect(Channel& c, const std::vector<uint8_t>& in,
       teardown(id);
       id->st = St::Disconnected;
       return;
-    case St::DreqSent:
     case St::Disconnected:
-      return;  // the DREP went out when the DREQ came (or ours is on its way)
+      // The peer's DREQ was answered when it came; the kernel answers it
+      // here (ib_send_cm_drep) and enters timewait then.
+      if (id->dreq_rcvd && id->timewait_at == -1) enter_timewait(id);
+      return;
+    case St::DreqSent:
+      return;  // ours is on its way
     default:
       r->err = EINVAL;
       return;
@@ -860,12 +1126,22 @@ void CmService::Impl::cmd_join(Channel& c, uint32_t handle, uint64_t uid, const 
     r->err = ENOSPC;
     return;
   }
+  // ucma_process_join: the size, then the flags, then the id (with a device).
+  if (len != rdma_addr_size(addr) || (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
+                                      flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)) {
+    r->err = EINVAL;
+    return;
+  }
   Id* id = find(c, handle, &r->err);
   if (!id) return;
   Addr a;
   if ((r->err = parse_addr(addr, len, &a))) return;
-  if (flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
-    r->err = EINVAL;
+  if (id->dev.set && id->src.family == AF_IB) {
+    r->err = ENODEV;  // cma_iboe_join_multicast: an AF_IB id has no netdev
+    return;
+  }
+  if (a.family == AF_IB) {
+    r->err = EINVAL;  // a RoCE group is named by its IP address
     return;
   }
   const bool mcast = a.v4() ? (a.ip[12] & 0xf0) == 0xe0 : a.ip[0] == 0xff;

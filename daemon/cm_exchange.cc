@@ -76,7 +76,47 @@ void CmService::Impl::send_rej(const std::string& peer, uint32_t local_comm, uin
 void CmService::Impl::arm(Id* id, const cm::Mad& m) {
   id->last = m;
   id->retries_left = kMaxRetries;
+  id->retry_ms = kRetryMs;
+  id->mra_rcvd = false;
   id->retry_at = now_ms() + kRetryMs;
+}
+
+// The MRA the kernel's CM sends for a user-space id when the REQ (msg 0) or
+// the REP (msg 1) it has not answered yet comes again: RDMA CM prepares it
+// as soon as it hands the message to ucma (cma.c ib_prepare_cm_mra), and
+// cm.c's duplicate handlers send it, service timeout 24 (about 68.7 s).
+void CmService::Impl::send_mra(Id* id, uint8_t msg, uint64_t tid) {
+  cm::Mad m;
+  cm::init_mad(&m, cm::kAttrMra, tid);
+  m.mra.local_comm_id.set(id->local_comm);
+  m.mra.remote_comm_id.set(id->remote_comm);
+  m.mra.msg_mraed.set_bits(7, 6, msg);
+  m.mra.service_timeout.set_bits(7, 3, kMraServiceTimeout);
+  send_mad(id->peer, m);
+}
+
+// An MRA for our REQ (ReqSent) or REP (RepSent) stretches the wait for the
+// answer to the service timeout plus the ACK timeout, for this try and the
+// next ones (cm.c cm_mra_handler, ib_modify_mad); a second MRA is a duplicate.
+void CmService::Impl::on_mra(const std::string& from, const cm::Mad& m) {
+  Id* id = by_local_comm(static_cast<uint32_t>(m.mra.remote_comm_id.get()), from);
+  if (!id || id->mra_rcvd || id->retry_at < 0) return;
+  const uint32_t msg = m.mra.msg_mraed.bits(7, 6);
+  const bool req = id->st == St::ReqSent && id->qp_type != IBV_QPT_UD && msg == 0;
+  const bool rep = id->st == St::RepSent && msg == 1 && m.mra.local_comm_id.get() == id->remote_comm;
+  if (!req && !rep) return;
+  const int ack = id->ack_timeout ? id->ack_timeout : kDefaultAckTimeout;
+  id->retry_ms = iba_time_ms(static_cast<int>(m.mra.service_timeout.bits(7, 3))) + iba_time_ms(ack);
+  id->retry_at = now_ms() + id->retry_ms;
+  id->mra_rcvd = true;
+}
+
+// cm.c cm_enter_timewait: the connection's QP stays in timewait for the ACK
+// timeout (4.096 us * 2^t: 512 ms for the default 17); then RDMA CM reports
+// TIMEWAIT_EXIT to the id if it still exists and is disconnected.
+void CmService::Impl::enter_timewait(Id* id) {
+  const int ack = id->ack_timeout ? id->ack_timeout : kDefaultAckTimeout;
+  id->timewait_at = now_ms() + iba_time_ms(ack);
 }
 
 Id* CmService::Impl::by_local_comm(uint32_t comm, const std::string& from) {
@@ -94,6 +134,7 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
   for (auto& [h, o] : ids)
     if (o->remote_comm == remote_comm && o->peer == from && o->local_comm) {
       if (o->st == St::RepSent) send_mad(from, o->last);
+      else if (o->st == St::ReqRcvd) send_mra(o.get(), 0, m.hdr.tid.get());  // not answered yet
       return;
     }
   const uint64_t sid = q.service_id.get();
@@ -109,7 +150,7 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
   Id* l = nullptr;
   if ((sid >> 32) == 0 && hdr.cma_version == 0) {
     for (auto& [h, o] : ids) {
-      if (o->st != St::Listen || o->ps != ps || o->src.port != port) continue;
+      if (o->st != St::Listen || o->port_ps != ps || o->src.port != port) continue;
       if (!o->src.any() && !o->src.same_ip(dst) && !(o->src.loopback() && dst.loopback())) continue;
       if (o->afonly == 1 && o->src.family != dst.family && !o->src.any()) continue;
       l = o.get();
@@ -133,12 +174,42 @@ void CmService::Impl::on_req(const std::string& from, const cm::Mad& m) {
   // librdmacm by handle, which drops them as the kernel's would be dropped.
   Id* id = new_id(l->ch, 0, l->ps, l->qp_type);
   id->listener = l->handle;
+  id->port_ps = l->port_ps;
   id->st = St::ReqRcvd;
   id->src = dst;
   id->dst = src;
   id->port_bound = false;
   id->dev = d;
   std::memcpy(id->dgid, q.primary.local_gid, 16);
+  // The path as cm.c cm_format_path_from_req reads it from the REQ.
+  PathRec& path = id->path;
+  path.set = true;
+  std::memcpy(path.sgid, q.primary.remote_gid, 16);
+  std::memcpy(path.dgid, q.primary.local_gid, 16);
+  path.service_id = sid;
+  path.flow_label = q.primary.flow_rate.bits(31, 12);
+  path.hop_limit = q.primary.hop_limit;
+  path.traffic_class = q.primary.traffic_class;
+  path.pkey = static_cast<uint16_t>(q.pkey.get());
+  path.sl = static_cast<uint8_t>(q.primary.sl_subnet.bits(7, 4));
+  path.mtu = static_cast<uint8_t>(q.mtu_rnr.bits(7, 4));
+  path.rate = static_cast<uint8_t>(q.primary.flow_rate.bits(5, 0));
+  const uint8_t lat = static_cast<uint8_t>(q.primary.ack_timeout.bits(7, 3));
+  path.packet_life_time = static_cast<uint8_t>(lat - (lat > 0));
+  if (l->src.family == AF_IB) {
+    // cma_save_ib_info: an AF_IB listener's ids have AF_IB addresses, the GIDs of the path.
+    Addr s, t;
+    s.family = t.family = AF_IB;
+    s.pkey_be = t.pkey_be = htons(path.pkey);
+    s.flowinfo_be = t.flowinfo_be = htonl(path.flow_label);
+    std::memcpy(s.ip, path.sgid, 16);
+    std::memcpy(t.ip, path.dgid, 16);
+    s.sid = sid;
+    s.sid_mask = ~0ull;
+    s.port = port;
+    id->src = s;
+    id->dst = t;
+  }
   id->peer = from;
   id->remote_comm = remote_comm;
   id->local_comm = new_comm(id->handle);
@@ -180,6 +251,10 @@ void CmService::Impl::on_rep(const std::string& from, const cm::Mad& m) {
   }
   if (id->st == St::Established && id->last.hdr.attr_id.get() == cm::kAttrRtu) {
     send_mad(from, id->last);  // our RTU was lost
+    return;
+  }
+  if (id->st == St::RepRcvd && id->remote_comm == q.local_comm_id.get()) {
+    send_mra(id, 1, m.hdr.tid.get());  // librdmacm has not moved its QP yet (cm_dup_rep_handler)
     return;
   }
   if (id->st != St::ReqSent) return;
@@ -250,6 +325,7 @@ void CmService::Impl::on_dreq(const std::string& from, const cm::Mad& m) {
     send_mad(from, rep);
     if (id->st == St::Established || id->st == St::RepSent || id->st == St::RepRcvd || id->st == St::DreqSent) {
       id->retry_at = -1;
+      id->dreq_rcvd = true;
       id->st = St::Disconnected;
       queue(id, event_for(id, RDMA_CM_EVENT_DISCONNECTED, 0), id->handle);
     }
@@ -265,6 +341,7 @@ void CmService::Impl::on_drep(const std::string& from, const cm::Mad& m) {
   id->retry_at = -1;
   id->st = St::Disconnected;
   queue(id, event_for(id, RDMA_CM_EVENT_DISCONNECTED, 0), id->handle);
+  enter_timewait(id);
 }
 
 void CmService::Impl::on_mad() {
@@ -318,8 +395,11 @@ void CmService::Impl::on_mad() {
       case cm::kAttrSidrRep:
         on_sidr_rep(path, m);
         break;
+      case cm::kAttrMra:
+        on_mra(path, m);
+        break;
       default:
-        break;  // MRA: we never delay, and a peer's MRA needs no answer
+        break;
     }
   }
 }
@@ -329,9 +409,13 @@ void CmService::Impl::timers() {
   const int64_t now = now_ms();
   for (auto& [h, idp] : ids) {
     Id* id = idp.get();
+    if (id->timewait_at >= 0 && id->timewait_at <= now) {
+      id->timewait_at = -2;  // done
+      if (id->st == St::Disconnected) queue(id, event_for(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0), id->handle);
+    }
     if (id->retry_at < 0 || id->retry_at > now) continue;
     if (id->retries_left-- > 0 && send_mad(id->peer, id->last)) {
-      id->retry_at = now + kRetryMs;
+      id->retry_at = now + id->retry_ms;
       continue;
     }
     id->retry_at = -1;
@@ -352,6 +436,7 @@ void CmService::Impl::timers() {
       case St::DreqSent:
         id->st = St::Disconnected;
         queue(id, event_for(id, RDMA_CM_EVENT_DISCONNECTED, 0), id->handle);
+        enter_timewait(id);  // DREQ_ERROR enters timewait too
         break;
       default:
         break;
@@ -380,7 +465,7 @@ void CmService::Impl::on_sidr_req(const std::string& from, const cm::Mad& m) {
   Id* l = nullptr;
   if ((sid >> 32) == 0 && hdr.cma_version == 0)
     for (auto& [h, o] : ids) {
-      if (o->st != St::Listen || o->ps != ps || o->src.port != port || o->qp_type != IBV_QPT_UD) continue;
+      if (o->st != St::Listen || o->port_ps != ps || o->src.port != port || o->qp_type != IBV_QPT_UD) continue;
       if (!o->src.any() && !o->src.same_ip(dst) && !(o->src.loopback() && dst.loopback())) continue;
       l = o.get();
       break;

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <endian.h>
+#include <infiniband/sa.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_user_cm.h>
 
@@ -46,6 +48,12 @@ constexpr uint32_t kMaxBacklog = 1024;  // /proc/sys/net/rdma_ucm/max_backlog's 
 constexpr uint8_t kDefaultAckTimeout = 17;  // RoCE: packet life time 16 + 1 (cma.c)
 constexpr uint8_t kHopLimit = 64;
 constexpr uint32_t kUdpQkey = 0x01234567;
+constexpr uint8_t kPacketLifeTime = 16;     // RoCE paths (cma.c CMA_IBOE_PACKET_LIFETIME)
+constexpr uint8_t kMraServiceTimeout = 24;  // cm.c CM_MRA_SETTING: 4.096 us * 2^24, about 68.7 s
+constexpr uint8_t kRoceRate = 3;            // IB_RATE_10_GBPS: what iboe_get_rate gives for a veth (10 Gb/s)
+
+// IBA time values (4.096 us * 2^t) in ms, as cm.c's cm_convert_to_ms rounds them.
+inline int64_t iba_time_ms(int t) { return int64_t{1} << std::max(t - 8, 0); }
 
 inline int64_t now_ms() {
   timespec ts{};
@@ -69,28 +77,75 @@ enum class St {
   Rejected,
 };
 
-// An IP address (IPv4 as v4-mapped IPv6) and port, and the family it came as.
+// An address as an id holds it: IPv4 (as v4-mapped IPv6), IPv6 or AF_IB
+// (ip = the GID), the port, and the sockaddr fields the kernel keeps.
 struct Addr {
   uint16_t family = 0;
   uint8_t ip[16] = {};
-  uint16_t port = 0;  // host order
+  uint16_t port = 0;            // host order (AF_IB: the service id's low 16 bits)
+  uint32_t flowinfo_be = 0;     // sin6_flowinfo / sib_flowinfo, as given
+  uint16_t pkey_be = 0;         // AF_IB: sib_pkey
+  uint64_t sid = 0, sid_mask = 0;  // AF_IB: service id and mask, host order
+  uint64_t scope_id = 0;        // sin6_scope_id / sib_scope_id
   bool any() const {
     static const uint8_t zero[16] = {};
     static const uint8_t v4any[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+    if (family == AF_IB) return !std::memcmp(ip, zero, 16);  // ib_addr_any
     return !std::memcmp(ip, zero, 16) || !std::memcmp(ip, v4any, 16);
   }
   bool loopback() const {
     static const uint8_t v6lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    if (family == AF_IB) return false;  // a GID: never an IP loopback address
     return !std::memcmp(ip, v6lo, 16) || (v4() && ip[12] == 127);
   }
   bool v4() const {
     static const uint8_t pre[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    return !std::memcmp(ip, pre, 12);
+    return family != AF_IB && !std::memcmp(ip, pre, 12);
   }
   bool same_ip(const Addr& o) const { return !std::memcmp(ip, o.ip, 16); }
 };
 
-// Parses the sockaddr the command carries (sockaddr_in6-sized or storage).
+// struct sockaddr_ib, as the kernel's ABI has it (librdmacm's
+// <infiniband/ib.h>; kept here so that the daemon does not need
+// librdmacm's headers to build).
+#ifndef AF_IB
+#define AF_IB 27
+#endif
+struct sockaddr_ib {
+  unsigned short int sib_family;
+  uint16_t sib_pkey;      // big-endian
+  uint32_t sib_flowinfo;  // big-endian
+  uint8_t sib_addr[16];   // the GID
+  uint64_t sib_sid;       // big-endian
+  uint64_t sib_sid_mask;  // big-endian
+  uint64_t sib_scope_id;
+};
+static_assert(sizeof(sockaddr_ib) == 48 && offsetof(sockaddr_ib, sib_addr) == 8 &&
+              offsetof(sockaddr_ib, sib_sid) == 24);
+
+// The port spaces' service ids as AF_IB addresses carry them (rdma_cma.h).
+constexpr uint64_t kIbPsMask = 0xFFFFFFFFFFFF0000ull;
+constexpr uint64_t kIbPsTcp = 0x0000000001060000ull, kIbPsUdp = 0x0000000001110000ull,
+                   kIbPsIb = 0x00000000013F0000ull;
+
+// The kernel's rdma_addr_size: the sockaddr's length for its family, 0 for
+// a family RDMA CM does not take (AF_INET, AF_INET6, AF_IB only).
+inline size_t rdma_addr_size(const void* p) {
+  sa_family_t fam;
+  std::memcpy(&fam, p, sizeof fam);
+  switch (fam) {
+    case AF_INET:
+      return sizeof(sockaddr_in);
+    case AF_INET6:
+      return sizeof(sockaddr_in6);
+    case AF_IB:
+      return sizeof(sockaddr_ib);
+    default:
+      return 0;
+  }
+}
+
+// Parses the sockaddr the command carries (len: the room it has).
 inline int parse_addr(const void* p, size_t len, Addr* out) {
   sa_family_t fam;
   if (len < sizeof fam) return EINVAL;
@@ -113,12 +168,29 @@ inline int parse_addr(const void* p, size_t len, Addr* out) {
     out->family = AF_INET6;
     std::memcpy(out->ip, &a.sin6_addr, 16);
     out->port = ntohs(a.sin6_port);
+    out->flowinfo_be = a.sin6_flowinfo;
+    out->scope_id = a.sin6_scope_id;
+    return 0;
+  }
+  if (fam == AF_IB) {
+    if (len < sizeof(sockaddr_ib)) return EINVAL;
+    sockaddr_ib a;
+    std::memcpy(&a, p, sizeof a);
+    out->family = AF_IB;
+    std::memcpy(out->ip, &a.sib_addr, 16);
+    out->pkey_be = a.sib_pkey;
+    out->flowinfo_be = a.sib_flowinfo;
+    out->sid = be64toh(a.sib_sid);
+    out->sid_mask = be64toh(a.sib_sid_mask);
+    out->scope_id = a.sib_scope_id;
+    out->port = static_cast<uint16_t>(out->sid & out->sid_mask);  // cma_port for AF_IB
     return 0;
   }
   return EAFNOSUPPORT;
 }
 
-// The sockaddr librdmacm expects back (a sockaddr_in6-sized slot).
+// The sockaddr librdmacm expects back, in a slot of len bytes (a longer
+// address is cut, as the kernel's QUERY_ROUTE cuts AF_IB to sockaddr_in6).
 inline void store_addr(const Addr& a, void* slot, size_t len) {
   std::memset(slot, 0, len);
   if (a.family == AF_INET) {
@@ -131,10 +203,48 @@ inline void store_addr(const Addr& a, void* slot, size_t len) {
     sockaddr_in6 s{};
     s.sin6_family = AF_INET6;
     s.sin6_port = htons(a.port);
+    s.sin6_flowinfo = a.flowinfo_be;
+    s.sin6_scope_id = static_cast<uint32_t>(a.scope_id);
     std::memcpy(&s.sin6_addr, a.ip, 16);
+    std::memcpy(slot, &s, std::min(len, sizeof s));
+  } else if (a.family == AF_IB) {
+    sockaddr_ib s{};
+    s.sib_family = AF_IB;
+    s.sib_pkey = a.pkey_be;
+    s.sib_flowinfo = a.flowinfo_be;
+    std::memcpy(&s.sib_addr, a.ip, 16);
+    s.sib_sid = htobe64(a.sid);
+    s.sib_sid_mask = htobe64(a.sid_mask);
+    s.sib_scope_id = a.scope_id;
     std::memcpy(slot, &s, std::min(len, sizeof s));
   }
 }
+
+// The size the kernel reports for an id's address (rdma_addr_size of it).
+inline uint16_t addr_size_of(const Addr& a) {
+  switch (a.family) {
+    case AF_INET:
+      return sizeof(sockaddr_in);
+    case AF_INET6:
+      return sizeof(sockaddr_in6);
+    case AF_IB:
+      return sizeof(sockaddr_ib);
+    default:
+      return 0;
+  }
+}
+
+// A path record as the kernel's RDMA CM holds it for an id on a RoCE port
+// (cma.c cma_resolve_iboe_route on the active side, cm.c
+// cm_format_path_from_req on the passive side).
+struct PathRec {
+  bool set = false;
+  uint8_t sgid[16] = {}, dgid[16] = {};
+  uint64_t service_id = 0;
+  uint32_t flow_label = 0;  // 20 bits
+  uint8_t hop_limit = 0, traffic_class = 0, sl = 0, mtu = 0, rate = 0, packet_life_time = 0;
+  uint16_t pkey = 0xffff;
+};
 
 struct Event {
   rdma_ucm_event_resp resp{};
@@ -181,6 +291,8 @@ struct Id {
   bool port_bound = false;
   DevBind dev;
   uint8_t dgid[16] = {};
+  uint16_t port_ps = 0;   // the port space its port is in (AF_IB: chosen by the service id)
+  PathRec path;           // RESOLVE_ROUTE (active) or the REQ (passive)
   uint32_t backlog = 0;
   uint32_t listener = 0;  // passive ids: the listener's handle (0 once gone)
   bool reported = false;  // passive ids: the CONNECT_REQUEST was handed out
@@ -199,6 +311,10 @@ struct Id {
   cm::Mad last{};            // what the timer retransmits
   int retries_left = 0;
   int64_t retry_at = -1;     // -1: no timer
+  int64_t retry_ms = kRetryMs;  // an MRA extends it (cm.c cm_mra_handler)
+  bool mra_rcvd = false;        // MRA_REQ_RCVD / MRA_REP_RCVD: later MRAs are duplicates
+  bool dreq_rcvd = false;       // the peer disconnected: our DISCONNECT is its DREP (timewait)
+  int64_t timewait_at = -1;     // TIMEWAIT_EXIT is due (-1: not in timewait)
 };
 
 // The event numbers of the ucma ABI (rdma_cma.h enum rdma_cm_event_type,
@@ -217,6 +333,7 @@ enum : uint32_t {
   RDMA_CM_EVENT_DISCONNECTED = 10,
   RDMA_CM_EVENT_MULTICAST_JOIN = 12,
   RDMA_CM_EVENT_MULTICAST_ERROR = 13,
+  RDMA_CM_EVENT_TIMEWAIT_EXIT = 15,
 };
 
 // The IP port spaces' service id (cma.c cma_get_service_id).
@@ -316,6 +433,11 @@ struct CmService::Impl {
   void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r);
   void cmd_query_route(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
+  void query_addr(Id* id, bool gid, uint16_t out, ReplyOut* r);
+  void query_path(Id* id, uint16_t out, ReplyOut* r);
+  int resolve_route(Id* id);
+  void resolve_ib(Channel& c, Id* id, const Addr* src, const Addr& dst, ReplyOut* r);
+  void enter_timewait(Id* id);
   void cmd_connect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
   void cmd_listen(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
   void cmd_accept(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);
@@ -346,7 +468,8 @@ struct CmService::Impl {
   void queue(Id* id, Event ev, uint32_t owner);
   Event event_for(Id* id, uint32_t type, int32_t status);
   void token(Channel& c);
-  int loopback_source(Addr* s);
+  int loopback_source(Addr* s, bool gid0 = false);
+  bool ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]);
 
   // The exchange.
   std::string peer_for(const uint8_t gid[16]);
@@ -362,6 +485,8 @@ struct CmService::Impl {
   void on_rej(const std::string& from, const cm::Mad& m);
   void on_dreq(const std::string& from, const cm::Mad& m);
   void on_drep(const std::string& from, const cm::Mad& m);
+  void on_mra(const std::string& from, const cm::Mad& m);
+  void send_mra(Id* id, uint8_t msg, uint64_t tid);
   Id* by_local_comm(uint32_t comm, const std::string& from);
   void timers();
 };

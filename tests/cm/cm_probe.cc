@@ -17,14 +17,25 @@
 //       "EVENT <name> <status> <ms since connect>" (and the peer's private
 //       data); on ESTABLISHED send a pattern and check the echo; exit 0 once
 //       EXPECTED_EVENT came (within 10 s).
+//       timewait: as accept, then after DISCONNECTED and its own
+//               rdma_disconnect wait for TIMEWAIT_EXIT (print it, exit 0).
+//     ADDR "ib-any": bind the AF_IB wildcard with the TCP port space's
+//       service id for PORT (an AF_IB listener); its connection requests
+//       must carry AF_IB addresses (prints AF_IB-REQUEST).
+//   cm_probe client ADDR PORT TIMEWAIT-EXIT: as DISCONNECT-SELF, then wait
+//       for TIMEWAIT_EXIT after the DISCONNECTED.
 //   cm_probe errors ADDR      bad input, options and readiness, in-process.
+//   cm_probe afib ADDR        the AF_IB command set (librdmacm's probe chose
+//       it), QUERY's options and the path record, in-process.
 //   cm_probe nochannel        rdma_create_event_channel must fail ENOENT.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <infiniband/ib.h>
 #include <rdma/rdma_cma.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <rdma/rdma_verbs.h>
 #include <signal.h>
 #include <time.h>
@@ -41,7 +52,16 @@ namespace {
 
 // The ucma ABI (rdma/rdma_user_cm.h, which cannot be included beside
 // rdma_cma.h): the few commands the bad-input checks write themselves.
-enum : uint32_t { kCmdCreateId = 0, kCmdDestroyId = 1, kCmdQueryRoute = 5, kCmdGetOption = 13 };
+enum : uint32_t {
+  kCmdCreateId = 0,
+  kCmdDestroyId = 1,
+  kCmdQueryRoute = 5,
+  kCmdGetOption = 13,
+  kCmdQuery = 19,
+  kCmdBind = 20,
+  kCmdJoinMcast = 22
+};
+enum : uint32_t { kQueryAddr = 0, kQueryPath = 1, kQueryGid = 2 };
 struct rdma_ucm_cmd_hdr {
   uint32_t cmd;
   uint16_t in, out;
@@ -68,6 +88,64 @@ struct rdma_ucm_query {
 struct rdma_ucm_query_route_resp {
   uint8_t bytes[512];  // bigger than the real one (232 bytes)
 };
+struct ib_user_path_rec {  // rdma/ib_user_sa.h
+  uint8_t dgid[16], sgid[16];
+  uint16_t dlid, slid;
+  uint32_t raw_traffic, flow_label, reversible, mtu;
+  uint16_t pkey;
+  uint8_t hop_limit, traffic_class, numb_path, sl, mtu_selector, rate_selector, rate, packet_life_time_selector,
+      packet_life_time, preference;
+};
+struct rdma_ucm_query_route_resp_real {
+  uint64_t node_guid;
+  ib_user_path_rec ib_route[2];
+  sockaddr_in6 src_addr, dst_addr;
+  uint32_t num_paths;
+  uint8_t port_num, reserved[3];
+  uint32_t ibdev_index, reserved1;
+};
+struct rdma_ucm_query_addr_resp {
+  uint64_t node_guid;
+  uint8_t port_num, reserved;
+  uint16_t pkey, src_size, dst_size;
+  sockaddr_storage src_addr, dst_addr;
+  uint32_t ibdev_index, reserved1;
+};
+struct rdma_ucm_bind {
+  uint32_t id;
+  uint16_t addr_size, reserved;
+  sockaddr_storage addr;
+};
+struct rdma_ucm_join_mcast {
+  uint64_t response, uid;
+  uint32_t id;
+  uint16_t addr_size, join_flags;
+  sockaddr_storage addr;
+};
+struct rdma_ucm_resolve_addr {
+  uint32_t id, timeout_ms;
+  uint16_t src_size, dst_size;
+  uint32_t reserved;
+  sockaddr_storage src_addr, dst_addr;
+};
+struct rdma_ucm_resolve_route {
+  uint32_t id, timeout_ms;
+};
+struct rdma_ucm_get_event {
+  uint64_t response;
+};
+struct rdma_ucm_event_head {  // the start of rdma_ucm_event_resp
+  uint64_t uid;
+  uint32_t id, event, status;
+  uint8_t rest[512];
+};
+struct ib_path_rec_data {  // rdma/ib_user_sa.h; path_rec: the SA PathRecord (infiniband/sa.h ibv_path_record)
+  uint32_t flags, reserved;
+  uint8_t path_rec[64];
+};
+static_assert(sizeof(ib_user_path_rec) == 64 && sizeof(rdma_ucm_query_route_resp_real) == 208);
+static_assert(sizeof(rdma_ucm_resolve_addr) == 272 && sizeof(ib_path_rec_data) == 72);
+static_assert(sizeof(rdma_ucm_query_addr_resp) == 280 && sizeof(rdma_ucm_bind) == 136);
 static_assert(sizeof(rdma_ucm_create_id) == 24 && sizeof(rdma_ucm_destroy_id) == 16 && sizeof(rdma_ucm_query) == 16);
 
 int64_t now_ms() {
@@ -103,6 +181,32 @@ sockaddr_storage addr_of(const char* ip, int port) {
     a6->sin6_family = AF_INET6;
     a6->sin6_port = htons(static_cast<uint16_t>(port));
   } else {
+    std::printf("FAIL bad address %s\n", ip);
+    std::exit(2);
+  }
+  return ss;
+}
+
+// The AF_IB wildcard with the TCP port space's service id for port (the
+// address librdmacm's AF_IB probe binds, with a port).
+sockaddr_storage ib_wildcard(int port) {
+  sockaddr_storage ss{};
+  auto* ib = reinterpret_cast<sockaddr_ib*>(&ss);
+  ib->sib_family = AF_IB;
+  ib->sib_pkey = htobe16(0xffff);
+  ib->sib_sid = htobe64(0x01060000ull | static_cast<uint64_t>(port));
+  ib->sib_sid_mask = htobe64(port ? ~0ull : 0xFFFFFFFFFFFF0000ull);
+  return ss;
+}
+
+// An AF_IB address naming a GID: ::ffff:a.b.c.d for an IPv4 address.
+sockaddr_storage ib_gid_of(const char* ip, uint16_t pkey) {
+  sockaddr_storage ss{};
+  auto* ib = reinterpret_cast<sockaddr_ib*>(&ss);
+  ib->sib_family = AF_IB;
+  ib->sib_pkey = htobe16(pkey);
+  ib->sib_addr.sib_addr32[2] = htobe32(0xffff);
+  if (inet_pton(AF_INET, ip, &ib->sib_addr.sib_addr32[3]) != 1) {
     std::printf("FAIL bad address %s\n", ip);
     std::exit(2);
   }
@@ -161,7 +265,8 @@ int server(const char* ip, int port, const std::string& mode) {
   if (!ch) die("rdma_create_event_channel");
   rdma_cm_id* listen = nullptr;
   if (rdma_create_id(ch, &listen, nullptr, RDMA_PS_TCP)) die("rdma_create_id");
-  sockaddr_storage a = addr_of(ip, port);
+  const bool ib_any = std::strcmp(ip, "ib-any") == 0;
+  sockaddr_storage a = ib_any ? ib_wildcard(port) : addr_of(ip, port);
   if (rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&a))) die("rdma_bind_addr");
   if (rdma_listen(listen, 4)) die("rdma_listen");
   std::printf("LISTENING\n");
@@ -179,6 +284,15 @@ int server(const char* ip, int port, const std::string& mode) {
     const rdma_cm_event_type type = ev->event;
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
       id = ev->id;
+      if (ib_any) {  // cma_save_ib_info: the new id's addresses are AF_IB, the path's GIDs
+        const auto* l = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(id));
+        const auto* r = reinterpret_cast<const sockaddr_ib*>(rdma_get_peer_addr(id));
+        const bool ok = l->sib_family == AF_IB && r->sib_family == AF_IB &&
+                        be64toh(l->sib_sid) == (0x01060000ull | static_cast<uint64_t>(port)) &&
+                        l->sib_addr.sib_addr32[2] == htobe32(0xffff) && r->sib_addr.sib_addr32[2] == htobe32(0xffff);
+        std::printf("%s\n", ok ? "AF_IB-REQUEST" : "FAIL the request's addresses are not AF_IB");
+        if (!ok) return 1;
+      }
       const char* pd = static_cast<const char*>(ev->param.conn.private_data);
       const bool pd_ok = pd && ev->param.conn.private_data_len == 56 && std::strcmp(pd, "cli-hello") == 0;
       rdma_ack_cm_event(ev);
@@ -245,6 +359,15 @@ int server(const char* ip, int port, const std::string& mode) {
       std::fflush(stdout);
     } else if (type == RDMA_CM_EVENT_DISCONNECTED) {
       rdma_disconnect(id);
+      if (mode == "timewait") {  // our rdma_disconnect answered the DREQ: timewait, then its exit
+        rdma_cm_event* tw = next_event(ch, 5000);
+        if (!tw || tw->event != RDMA_CM_EVENT_TIMEWAIT_EXIT || tw->id != id) {
+          std::printf("FAIL no TIMEWAIT_EXIT after the disconnect\n");
+          return 1;
+        }
+        print_event(tw, t0);
+        rdma_ack_cm_event(tw);
+      }
       rdma_dereg_mr(c.mr);
       rdma_destroy_qp(id);
       rdma_destroy_id(id);
@@ -310,7 +433,7 @@ int client(const char* ip, int port, const std::string& expected) {
       }
       std::printf("ECHO-OK\n");
       std::fflush(stdout);
-      if (expected == "DISCONNECT-SELF") {
+      if (expected == "DISCONNECT-SELF" || expected == "TIMEWAIT-EXIT") {
         if (rdma_disconnect(id)) die("rdma_disconnect");
         rdma_cm_event* dev = next_event(ch, 3000);
         if (!dev || dev->event != RDMA_CM_EVENT_DISCONNECTED) {
@@ -318,6 +441,21 @@ int client(const char* ip, int port, const std::string& expected) {
           return 1;
         }
         rdma_ack_cm_event(dev);
+        if (expected == "TIMEWAIT-EXIT") {  // the DREP came: timewait, then TIMEWAIT_EXIT
+          rdma_cm_event* tw = next_event(ch, 5000);
+          if (!tw || tw->event != RDMA_CM_EVENT_TIMEWAIT_EXIT || tw->id != id) {
+            std::printf("FAIL no TIMEWAIT_EXIT after DISCONNECTED\n");
+            return 1;
+          }
+          print_event(tw, connected_at);
+          rdma_ack_cm_event(tw);
+          rdma_dereg_mr(c.mr);
+          rdma_destroy_qp(id);
+          rdma_destroy_id(id);
+          rdma_destroy_event_channel(ch);
+          std::printf("GOT TIMEWAIT-EXIT\n");
+          return 0;
+        }
         rdma_dereg_mr(c.mr);
         rdma_destroy_qp(id);
         rdma_destroy_id(id);
@@ -445,6 +583,22 @@ int errors(const char* ip) {
   check(rdma_connect(id2, nullptr) != 0 && errno == EINVAL, "connect before the route: EINVAL");
 
   // Events and readiness: an address resolution queues ADDR_RESOLVED.
+  // The AF_IB wildcard as destination is loopback (cma_resolve_loopback):
+  // the first active port, its GID 0 both ways, the source ::1.
+  rdma_cm_id* lo = nullptr;
+  check(rdma_create_id(ch, &lo, nullptr, RDMA_PS_TCP) == 0, "an id for the AF_IB loopback");
+  sockaddr_storage zero = ib_wildcard(0);
+  check(rdma_resolve_addr(lo, nullptr, reinterpret_cast<sockaddr*>(&zero), 1000) == 0 &&
+            rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+        "resolving the AF_IB wildcard: ADDR_RESOLVED");
+  rdma_ack_cm_event(ev);
+  const auto* los = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(lo));
+  // QUERY_GID copies AF_IB addresses as they are: the GIDs librdmacm sees are ::1 and the wildcard.
+  check(lo->verbs != nullptr && lo->port_num == 1 && los->sib_family == AF_IB &&
+            los->sib_addr.sib_addr32[3] == htobe32(1) && lo->route.addr.addr.ibaddr.sgid.raw[15] == 1 &&
+            lo->route.addr.addr.ibaddr.dgid.global.interface_id == 0,
+        "AF_IB loopback: a device and port, the source ::1");
+  rdma_destroy_id(lo);
   rdma_cm_id* id3 = nullptr;
   check(rdma_create_id(ch, &id3, nullptr, RDMA_PS_TCP) == 0, "a third id");
   sockaddr_storage dst = addr_of(ip, 18516);
@@ -480,6 +634,247 @@ int errors(const char* ip) {
   return 0;
 }
 
+// One raw command on a channel only this code uses (librdmacm never reads
+// its events): header, then the body.
+template <class T>
+ssize_t raw_cmd(int fd, uint32_t cmd, const T& body, uint16_t out) {
+  struct {
+    rdma_ucm_cmd_hdr h;
+    T b;
+  } m{};
+  m.h = {cmd, static_cast<uint16_t>(sizeof(T)), out};
+  m.b = body;
+  return ::write(fd, &m, sizeof m);
+}
+
+// Waits for the next event on a raw channel (its token, then GET_EVENT).
+bool raw_event(int fd, rdma_ucm_event_head* ev) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 3000) != 1) return false;
+  rdma_ucm_get_event g{reinterpret_cast<uintptr_t>(ev)};
+  return raw_cmd(fd, 12, g, sizeof *ev) > 0;
+}
+
+int afib(const char* ip) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  check(ch != nullptr, "rdma_create_event_channel");
+  // librdmacm took the AF_IB set: only then does rdma_bind_addr take a sockaddr_ib (ucma_addrlen).
+  rdma_cm_id* id = nullptr;
+  check(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0, "rdma_create_id");
+  sockaddr_storage w = ib_wildcard(0);
+  check(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&w)) == 0,
+        "binding the AF_IB wildcard (librdmacm uses the AF_IB set)");
+  const auto* l = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(id));
+  const uint64_t sid = be64toh(l->sib_sid);
+  check(l->sib_family == AF_IB && (sid & ~0xffffull) == 0x01060000ull && (sid & 0xffff) != 0 &&
+            l->sib_sid_mask == ~0ull && id->verbs == nullptr,
+        "the bound AF_IB address names the TCP port space and a port, and no device");
+  rdma_cm_id* id2 = nullptr;
+  check(rdma_create_id(ch, &id2, nullptr, RDMA_PS_TCP) == 0, "a second id");
+  sockaddr_storage g = ib_gid_of(ip, 0xffff);
+  check(rdma_bind_addr(id2, reinterpret_cast<sockaddr*>(&g)) != 0 && errno == ENODEV,
+        "binding an AF_IB GID on a RoCE-only host: ENODEV (cma_validate_port)");
+  sockaddr_storage nokey = ib_gid_of(ip, 0x1234);
+  check(rdma_resolve_addr(id2, nullptr, reinterpret_cast<sockaddr*>(&nokey), 1000) != 0 && errno == ENODEV,
+        "resolving an AF_IB GID with a P_Key no port has: ENODEV");
+  rdma_destroy_id(id2);
+  check(rdma_create_id(ch, &id2, nullptr, RDMA_PS_TCP) == 0, "a fresh id");
+  check(rdma_resolve_addr(id2, nullptr, reinterpret_cast<sockaddr*>(&g), 1000) == 0, "resolving an AF_IB GID");
+  rdma_cm_event* ev = nullptr;
+  check(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+  rdma_ack_cm_event(ev);
+  const auto* s2 = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(id2));
+  check(id2->verbs != nullptr && id2->port_num == 1 && s2->sib_family == AF_IB &&
+            !std::memcmp(&s2->sib_addr, &reinterpret_cast<sockaddr_ib*>(&g)->sib_addr, 16),
+        "an AF_IB resolution attaches the device holding the GID, and takes it as the source");
+  check(!std::memcmp(id2->route.addr.addr.ibaddr.dgid.raw, &reinterpret_cast<sockaddr_ib*>(&g)->sib_addr, 16),
+        "QUERY_GID: the destination GID");
+  check(rdma_resolve_route(id2, 1000) != 0 && errno == ENODEV,
+        "the route of an AF_IB id on a RoCE port: ENODEV (no netdev)");
+  // The AF_IB wildcard as destination is loopback (cma_resolve_loopback):
+  // the first active port, its GID 0 both ways, the source ::1.
+  rdma_cm_id* lo = nullptr;
+  check(rdma_create_id(ch, &lo, nullptr, RDMA_PS_TCP) == 0, "an id for the AF_IB loopback");
+  sockaddr_storage zero = ib_wildcard(0);
+  check(rdma_resolve_addr(lo, nullptr, reinterpret_cast<sockaddr*>(&zero), 1000) == 0 &&
+            rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
+        "resolving the AF_IB wildcard: ADDR_RESOLVED");
+  rdma_ack_cm_event(ev);
+  const auto* los = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(lo));
+  // QUERY_GID copies AF_IB addresses as they are: the GIDs librdmacm sees are ::1 and the wildcard.
+  check(lo->verbs != nullptr && lo->port_num == 1 && los->sib_family == AF_IB &&
+            los->sib_addr.sib_addr32[3] == htobe32(1) && lo->route.addr.addr.ibaddr.sgid.raw[15] == 1 &&
+            lo->route.addr.addr.ibaddr.dgid.global.interface_id == 0,
+        "AF_IB loopback: a device and port, the source ::1");
+  rdma_destroy_id(lo);
+  rdma_cm_id* id3 = nullptr;
+  check(rdma_create_id(ch, &id3, nullptr, RDMA_PS_TCP) == 0, "a third id");
+  sockaddr_storage mine = addr_of(ip, 0);
+  check(rdma_bind_addr(id3, reinterpret_cast<sockaddr*>(&mine)) == 0, "an IPv4 bind through BIND");
+  check(rdma_get_local_addr(id3)->sa_family == AF_INET && id3->verbs != nullptr,
+        "QUERY_ADDR: an IPv4 source, the device");
+  check(rdma_resolve_addr(id3, nullptr, reinterpret_cast<sockaddr*>(&g), 1000) != 0 && errno == EINVAL,
+        "an AF_IB destination for an IPv4 source: EINVAL");
+
+  // The path record of an IP route (QUERY_PATH, as librdmacm converts it).
+  rdma_cm_id* id4 = nullptr;
+  check(rdma_create_id(ch, &id4, nullptr, RDMA_PS_TCP) == 0, "a fourth id");
+  uint8_t tos = 32, ack = 14;
+  check(rdma_set_option(id4, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) == 0, "TOS 32");
+  check(rdma_set_option(id4, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack, sizeof ack) == 0, "ACK_TIMEOUT 14");
+  sockaddr_storage dst = addr_of(ip, 18600);
+  check(rdma_resolve_addr(id4, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000) == 0, "rdma_resolve_addr (IPv4)");
+  check(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+  rdma_ack_cm_event(ev);
+  check(id4->route.num_paths == 0, "no path before the route");
+  check(rdma_resolve_route(id4, 1000) == 0, "rdma_resolve_route");
+  check(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
+  rdma_ack_cm_event(ev);
+  uint8_t gid[16] = {};
+  gid[10] = gid[11] = 0xff;
+  inet_pton(AF_INET, ip, gid + 12);
+  check(id4->route.num_paths == 1 && id4->route.path_rec != nullptr, "one path");
+  const ibv_sa_path_rec& pr = id4->route.path_rec[0];
+  const uint16_t sport = ntohs(reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id4))->sin_port);
+  std::printf("path: hop %u tclass %u pkey %#x mtu %u rate %u life %u sl %u dlid %u flow %#x sport %u\n",
+              pr.hop_limit, pr.traffic_class, ntohs(pr.pkey), pr.mtu, pr.rate, pr.packet_life_time, pr.sl,
+              ntohs(pr.dlid), ntohl(pr.flow_label), sport);
+  check(!std::memcmp(pr.sgid.raw, gid, 16) && !std::memcmp(pr.dgid.raw, gid, 16), "the path's GIDs are ::ffff:a.b.c.d");
+  check(pr.dlid == 0 && pr.slid == 0 && pr.pkey == htons(0xffff) && pr.hop_limit == 64 && pr.traffic_class == 32 &&
+            pr.sl == 0 && pr.reversible == 1,
+        "RoCE: no LIDs, P_Key 0xffff, hop limit 64, traffic class = TOS, SL 0, reversible");
+  check(pr.mtu == IBV_MTU_1024 && pr.mtu_selector == 2 && pr.rate == 3 && pr.rate_selector == 2,
+        "MTU 1024 (1500-byte link), exactly; rate 10 Gb/s, exactly");
+  check(pr.packet_life_time == 13 && pr.packet_life_time_selector == 2, "packet life time = ACK_TIMEOUT - 1");
+  check(ntohl(pr.flow_label) == ((sport * 31u + 18600u) & 0xFFFFF), "RoCE v2 flow label: a hash of the ports");
+
+  // Raw commands on a channel of their own: sizes, options, the kernel's errnos.
+  rdma_event_channel* rc = rdma_create_event_channel();
+  check(rc != nullptr, "a raw channel");
+  const int fd = rc->fd;
+  rdma_ucm_create_id cr{};
+  rdma_ucm_create_id_resp cresp{};
+  cr.response = reinterpret_cast<uintptr_t>(&cresp);
+  cr.ps = RDMA_PS_TCP;
+  cr.uid = 7;
+  check(raw_cmd(fd, kCmdCreateId, cr, sizeof cresp) > 0, "CREATE_ID");
+  const uint32_t h = cresp.id;
+  rdma_ucm_bind b{};
+  b.id = h;
+  std::memcpy(&b.addr, &w, sizeof(sockaddr_ib));
+  b.addr_size = sizeof(sockaddr_in6);
+  check(raw_cmd(fd, kCmdBind, b, 0) < 0 && errno == EINVAL, "BIND: an addr_size that is not the family's: EINVAL");
+  b.addr_size = 0;
+  check(raw_cmd(fd, kCmdBind, b, 0) < 0 && errno == EINVAL, "BIND: addr_size 0: EINVAL");
+  reinterpret_cast<sockaddr*>(&b.addr)->sa_family = AF_UNIX;
+  b.addr_size = sizeof(sockaddr_un);
+  check(raw_cmd(fd, kCmdBind, b, 0) < 0 && errno == EINVAL, "BIND: a family RDMA CM does not take: EINVAL");
+  std::memcpy(&b.addr, &w, sizeof(sockaddr_ib));
+  b.addr_size = sizeof(sockaddr_ib);
+  b.reserved = 1;
+  check(raw_cmd(fd, kCmdBind, b, 0) < 0 && errno == EINVAL, "BIND: reserved not 0: EINVAL");
+  b.reserved = 0;
+  reinterpret_cast<sockaddr_ib*>(&b.addr)->sib_sid = htobe64(0x0000000001110000ull);  // UDP's for a TCP id
+  check(raw_cmd(fd, kCmdBind, b, 0) < 0 && errno == EPROTONOSUPPORT,
+        "BIND: a service id of another port space: EPROTONOSUPPORT");
+  rdma_ucm_query q{};
+  rdma_ucm_query_addr_resp qa{};
+  q.response = reinterpret_cast<uintptr_t>(&qa);
+  q.id = h;
+  q.option = 7;
+  check(raw_cmd(fd, kCmdQuery, q, sizeof qa) < 0 && errno == ENOSYS, "QUERY: an unknown option: ENOSYS");
+  q.option = kQueryAddr;
+  check(raw_cmd(fd, kCmdQuery, q, sizeof qa - 1) < 0 && errno == ENOSPC, "QUERY_ADDR: too little room: ENOSPC");
+  q.option = kQueryGid;
+  check(raw_cmd(fd, kCmdQuery, q, 8) < 0 && errno == ENOSPC, "QUERY_GID: too little room: ENOSPC");
+  q.option = kQueryPath;
+  check(raw_cmd(fd, kCmdQuery, q, 4) < 0 && errno == ENOSPC, "QUERY_PATH: less than its header: ENOSPC");
+  q.option = kQueryAddr;
+  check(raw_cmd(fd, kCmdQuery, q, sizeof qa) > 0 && qa.src_size == 0 && qa.dst_size == 0 && qa.node_guid == 0,
+        "QUERY_ADDR of a fresh id: no addresses, no device");
+  // Resolve and route the raw id, then QUERY_PATH with room for exactly one record.
+  rdma_ucm_resolve_addr ra{};
+  ra.id = h;
+  ra.timeout_ms = 1000;
+  ra.dst_size = sizeof(sockaddr_in);
+  std::memcpy(&ra.dst_addr, &dst, sizeof(sockaddr_in));
+  ra.src_size = 4;
+  check(raw_cmd(fd, 21, ra, 0) < 0 && errno == EINVAL, "RESOLVE_ADDR: a source size that is not its family's: EINVAL");
+  ra.src_size = 0;
+  check(raw_cmd(fd, 21, ra, 0) > 0, "RESOLVE_ADDR");
+  rdma_ucm_event_head e{};
+  check(raw_event(fd, &e) && e.event == RDMA_CM_EVENT_ADDR_RESOLVED && e.uid == 7, "its ADDR_RESOLVED");
+  q.option = kQueryAddr;
+  check(raw_cmd(fd, kCmdQuery, q, sizeof qa) > 0 && qa.src_size == sizeof(sockaddr_in) &&
+            qa.dst_size == sizeof(sockaddr_in) && qa.node_guid != 0 && qa.port_num == 1 && qa.pkey == htons(0xffff),
+        "QUERY_ADDR: IPv4 sizes, the device, P_Key 0xffff");
+  q.option = kQueryGid;
+  check(raw_cmd(fd, kCmdQuery, q, sizeof qa) > 0 && qa.src_size == sizeof(sockaddr_ib) &&
+            reinterpret_cast<sockaddr_ib*>(&qa.src_addr)->sib_family == AF_IB &&
+            !std::memcmp(&reinterpret_cast<sockaddr_ib*>(&qa.src_addr)->sib_addr, gid, 16) &&
+            be64toh(reinterpret_cast<sockaddr_ib*>(&qa.dst_addr)->sib_sid) == 0x01060000ull + 18600,
+        "QUERY_GID: both ends as sockaddr_ib, the GIDs and the TCP service ids");
+  rdma_ucm_resolve_route rr{h, 1000};
+  check(raw_cmd(fd, 4, rr, 0) > 0 && raw_event(fd, &e) && e.event == RDMA_CM_EVENT_ROUTE_RESOLVED, "its route");
+  struct {
+    uint32_t num_paths, reserved;
+    ib_path_rec_data d[2];
+  } pp;
+  std::memset(&pp, 0xaa, sizeof pp);
+  q.response = reinterpret_cast<uintptr_t>(&pp);
+  q.option = kQueryPath;
+  check(raw_cmd(fd, kCmdQuery, q, 8 + 72) > 0 && pp.num_paths == 1 && pp.d[0].flags == 0xaaaaaaaa,
+        "QUERY_PATH with room for one record: the count, but no record (the kernel's loop wants more room)");
+  check(raw_cmd(fd, kCmdQuery, q, sizeof pp) > 0 && pp.num_paths == 1 && pp.d[0].flags == (1 | 2 | 8 | 32) &&
+            pp.d[1].flags == 0xaaaaaaaa,
+        "QUERY_PATH: one record, GMP | PRIMARY | BIDIRECTIONAL");
+  const uint8_t* w8 = pp.d[0].path_rec;  // the SA PathRecord: sgid at 24, dlid at 40, hop limit at 47, P_Key at 50
+  check(!std::memcmp(w8 + 24, gid, 16) && w8[40] == 0 && w8[41] == 0 && w8[47] == 64 && w8[50] == 0xff &&
+            w8[51] == 0xff && w8[54] == (0x80 | IBV_MTU_1024) && w8[55] == (0x80 | 3) && w8[56] == (0x80 | 16),
+        "the record's fields at the SA's offsets (MTU, rate, life time with selector 2)");
+  rdma_ucm_query_route_resp_real qr{};
+  q.response = reinterpret_cast<uintptr_t>(&qr);
+  check(raw_cmd(fd, kCmdQueryRoute, q, sizeof qr) > 0 && qr.num_paths == 1 && qr.ib_route[0].hop_limit == 64 &&
+            qr.ib_route[0].pkey == htons(0xffff) && qr.ib_route[0].dlid == 0 && qr.ib_route[0].mtu == IBV_MTU_1024 &&
+            qr.ib_route[0].packet_life_time == 16 && !std::memcmp(qr.ib_route[0].sgid, gid, 16),
+        "QUERY_ROUTE: the same path record");
+  // CONNECT (ucma_connect): `in` must reach the ECE fields (the shim copies
+  // what the handler reads), then conn_param.valid is checked before the id.
+  struct Connect {
+    uint8_t b[288];  // rdma_ucm_connect: conn_param (272), id, reserved, ece
+  } cn{};
+  struct ShortConnect {
+    uint8_t b[16];
+  } sc{};
+  check(raw_cmd(fd, 6, sc, 0) < 0 && errno == EINVAL, "CONNECT shorter than its fixed part: EINVAL");
+  const uint32_t nobody = 0x7ffffff0;
+  std::memcpy(cn.b + 272, &nobody, 4);
+  check(raw_cmd(fd, 6, cn, 0) < 0 && errno == EINVAL, "CONNECT without conn_param.valid: EINVAL, before the id");
+  cn.b[271] = 1;
+  check(raw_cmd(fd, 6, cn, 0) < 0 && errno == ENOENT, "CONNECT (valid) naming an id nobody has: ENOENT");
+  rdma_ucm_join_mcast j{};
+  rdma_ucm_create_id_resp jr{};
+  j.response = reinterpret_cast<uintptr_t>(&jr);
+  j.id = h;
+  sockaddr_storage grp = addr_of("224.0.1.99", 0);
+  std::memcpy(&j.addr, &grp, sizeof(sockaddr_in));
+  j.addr_size = sizeof(sockaddr_in6);
+  check(raw_cmd(fd, kCmdJoinMcast, j, sizeof jr) < 0 && errno == EINVAL, "JOIN_MCAST: a wrong addr_size: EINVAL");
+  rdma_ucm_destroy_id d{};
+  rdma_ucm_destroy_id_resp dr{};
+  d.response = reinterpret_cast<uintptr_t>(&dr);
+  d.id = h;
+  check(raw_cmd(fd, kCmdDestroyId, d, sizeof dr) > 0 && dr.events_reported == 2, "DESTROY_ID: two events reported");
+  rdma_destroy_event_channel(rc);
+  rdma_destroy_id(id4);
+  rdma_destroy_id(id3);
+  rdma_destroy_id(id2);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ch);
+  std::printf("AFIB-OK\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -489,6 +884,7 @@ int main(int argc, char** argv) {
   if (cmd == "server" && argc == 5) return server(argv[2], std::atoi(argv[3]), argv[4]);
   if (cmd == "client" && argc == 5) return client(argv[2], std::atoi(argv[3]), argv[4]);
   if (cmd == "errors" && argc == 3) return errors(argv[2]);
+  if (cmd == "afib" && argc == 3) return afib(argv[2]);
   if (cmd == "nochannel") {
     rdma_event_channel* ch = rdma_create_event_channel();
     if (ch || errno != ENOENT) {

@@ -518,4 +518,63 @@ TEST_F(CmUcx, IoDemoConnectsThroughRdmaCm) {
   }
 }
 
+// The AF_IB command set (issue 11): librdmacm's probe binds the AF_IB
+// wildcard, which succeeds as with the kernel on a RoCE-only host, so every
+// librdmacm program (the stock tools above too) goes through BIND,
+// RESOLVE_ADDR and QUERY; cm_probe checks them, QUERY's options and the
+// path record.
+TEST_F(CmProbe, AfIbCommandsQueryAndPathRecord) {
+  Result r = harness::run(app(ns_a_, {probe_, "afib", a_}), 30000);
+  EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_TRUE(contains(r.out, "AFIB-OK")) << r.out;
+  std::printf("%s", r.out.c_str());  // every check it made, and the path record
+}
+
+TEST_F(CmProbe, AfIbListenerTakesIpConnections) {
+  const std::string p = port();
+  auto [s, c] = pair(ns_a_, {probe_, "server", "ib-any", p, "accept"}, ns_b_,
+                     {probe_, "client", a_, p, "DISCONNECT-SELF"});
+  EXPECT_TRUE(contains(s.out, "AF_IB-REQUEST") && contains(s.out, "ECHOED")) << s.out;
+  EXPECT_TRUE(contains(c.out, "ECHO-OK")) << c.out;
+}
+
+TEST_F(CmProbe, TimewaitExitAfterDisconnect) {
+  const std::string p = port();
+  auto [s, c] = pair(ns_a_, {probe_, "server", a_, p, "timewait"}, ns_b_, {probe_, "client", a_, p, "TIMEWAIT-EXIT"});
+  EXPECT_TRUE(contains(c.out, "EVENT RDMA_CM_EVENT_TIMEWAIT_EXIT 0")) << c.out;
+  EXPECT_TRUE(contains(s.out, "EVENT RDMA_CM_EVENT_DISCONNECTED") &&
+              contains(s.out, "EVENT RDMA_CM_EVENT_TIMEWAIT_EXIT 0"))
+      << s.out;
+}
+
+// MRA: a passive side slower than the active side's REQ timer (1.6 s) is
+// not given up on: the repeated REQ is answered with an MRA (service
+// timeout 24), which stretches the active side's wait.
+TEST_F(CmFaults, SlowAcceptIsMraedNotUnreachable) {
+  Child s, c;
+  start_pair("wait", "DISCONNECT-SELF", &s, &c);
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000)) << s.output() << s.errors();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  s.write_line("go");
+  EXPECT_TRUE(c.wait_line("GOT DISCONNECT-SELF", 8000)) << c.output() << c.errors();
+  EXPECT_FALSE(contains(c.output(), "UNREACHABLE")) << c.output();
+  EXPECT_TRUE(s.wait_line("ECHOED", 5000)) << s.output() << s.errors();
+}
+
+// And the other way: an active side that takes longer than the REP timer to
+// move its QP (stopped here) answers the repeated REP with an MRA.
+TEST_F(CmFaults, SlowActiveSideIsMraedNotRejected) {
+  Child s, c;
+  start_pair("wait", "DISCONNECT-SELF", &s, &c);
+  ASSERT_TRUE(s.wait_line("REQUEST", 10000)) << s.output() << s.errors();
+  ::kill(c.pid(), SIGSTOP);
+  s.write_line("go");
+  ASSERT_TRUE(s.wait_line("ACCEPTED", 5000)) << s.output() << s.errors();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ::kill(c.pid(), SIGCONT);
+  EXPECT_TRUE(c.wait_line("GOT DISCONNECT-SELF", 8000)) << c.output() << c.errors();
+  EXPECT_TRUE(s.wait_line("ECHOED", 5000)) << s.output() << s.errors();
+  EXPECT_FALSE(contains(s.output(), "CONNECT_ERROR") || contains(c.output(), "REJECTED")) << s.output() << c.output();
+}
+
 }  // namespace

@@ -80,4 +80,36 @@ TEST(CmWire, PrivateDataRoomIsTheKernels) {
   EXPECT_EQ(kSidrRepPrivate, 136u);
 }
 
+TEST(CmWire, MraAndPathFieldsSitWhereTheSpecPutsThem) {
+  // MRA (IBA 12.6.6): comm ids, message MRAed in the top 2 bits of byte 8,
+  // service timeout in the top 5 bits of byte 9, private data from byte 10.
+  Mad m;
+  init_mad(&m, kAttrMra, 3);
+  m.mra.local_comm_id.set(0x11223344);
+  m.mra.remote_comm_id.set(0x55667788);
+  m.mra.msg_mraed.set_bits(7, 6, 1);  // REP
+  m.mra.service_timeout.set_bits(7, 3, 24);
+  const auto* p = reinterpret_cast<const uint8_t*>(&m) + sizeof(MadHeader);
+  EXPECT_EQ(p[0], 0x11);
+  EXPECT_EQ(p[7], 0x88);
+  EXPECT_EQ(p[8], 0x40);
+  EXPECT_EQ(p[9], 24 << 3);
+  EXPECT_EQ(offsetof(Mra, private_data), 10u);
+  EXPECT_TRUE(valid_mad(&m, sizeof m));
+  // The REQ's primary path: flow label 31..12 and packet rate 5..0 of the
+  // word at 36 of the path, SL in the top nibble of byte 42, subnet local bit 3.
+  Mad q;
+  init_mad(&q, kAttrReq, 4);
+  q.req.primary.flow_rate.set_bits(31, 12, 0xABCDE);
+  q.req.primary.flow_rate.set_bits(5, 0, 3);
+  q.req.primary.sl_subnet.set_bits(7, 4, 5);
+  q.req.primary.sl_subnet.set_bits(3, 3, 1);
+  const auto* r = reinterpret_cast<const uint8_t*>(&q.req.primary);
+  EXPECT_EQ(r[36], 0xAB);
+  EXPECT_EQ(r[37], 0xCD);
+  EXPECT_EQ(r[38], 0xE0);
+  EXPECT_EQ(r[39], 0x03);
+  EXPECT_EQ(r[42], 0x58);
+}
+
 }  // namespace

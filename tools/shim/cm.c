@@ -286,6 +286,52 @@ static int response_offset(uint32_t cmd) {
   }
 }
 
+/* How many bytes of the command the kernel's handler reads (its struct:
+ * ucma copies sizeof(cmd) whatever hdr.in says, EFAULT when that memory is
+ * not readable). CONNECT and ACCEPT take the ECE fields only when `in` has
+ * them and need `in` up to `reserved` (EINVAL). 0: no handler (ENOSYS). */
+static size_t cmd_len(uint32_t cmd, uint16_t in, int *err) {
+  *err = 0;
+  switch (cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID: return sizeof(struct rdma_ucm_create_id);
+    case RDMA_USER_CM_CMD_DESTROY_ID: return sizeof(struct rdma_ucm_destroy_id);
+    case RDMA_USER_CM_CMD_BIND_IP: return sizeof(struct rdma_ucm_bind_ip);
+    case RDMA_USER_CM_CMD_RESOLVE_IP: return sizeof(struct rdma_ucm_resolve_ip);
+    case RDMA_USER_CM_CMD_RESOLVE_ROUTE: return sizeof(struct rdma_ucm_resolve_route);
+    case RDMA_USER_CM_CMD_QUERY_ROUTE: return sizeof(struct rdma_ucm_query);
+    case RDMA_USER_CM_CMD_CONNECT:
+    case RDMA_USER_CM_CMD_ACCEPT: {
+      const size_t full =
+          cmd == RDMA_USER_CM_CMD_CONNECT ? sizeof(struct rdma_ucm_connect) : sizeof(struct rdma_ucm_accept);
+      const size_t least = cmd == RDMA_USER_CM_CMD_CONNECT ? offsetof(struct rdma_ucm_connect, ece)
+                                                           : offsetof(struct rdma_ucm_accept, ece);
+      if (in < least) {
+        *err = EINVAL;
+        return 0;
+      }
+      return in < full ? in : full;
+    }
+    case RDMA_USER_CM_CMD_LISTEN: return sizeof(struct rdma_ucm_listen);
+    case RDMA_USER_CM_CMD_REJECT: return sizeof(struct rdma_ucm_reject);
+    case RDMA_USER_CM_CMD_DISCONNECT: return sizeof(struct rdma_ucm_disconnect);
+    case RDMA_USER_CM_CMD_INIT_QP_ATTR: return sizeof(struct rdma_ucm_init_qp_attr);
+    case RDMA_USER_CM_CMD_GET_EVENT: return sizeof(struct rdma_ucm_get_event);
+    case RDMA_USER_CM_CMD_SET_OPTION: return sizeof(struct rdma_ucm_set_option);
+    case RDMA_USER_CM_CMD_NOTIFY: return sizeof(struct rdma_ucm_notify);
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST: return sizeof(struct rdma_ucm_join_ip_mcast);
+    case RDMA_USER_CM_CMD_LEAVE_MCAST: return sizeof(struct rdma_ucm_destroy_id);
+    case RDMA_USER_CM_CMD_MIGRATE_ID: return sizeof(struct rdma_ucm_migrate_id);
+    case RDMA_USER_CM_CMD_QUERY: return sizeof(struct rdma_ucm_query);
+    case RDMA_USER_CM_CMD_BIND: return sizeof(struct rdma_ucm_bind);
+    case RDMA_USER_CM_CMD_RESOLVE_ADDR: return sizeof(struct rdma_ucm_resolve_addr);
+    case RDMA_USER_CM_CMD_JOIN_MCAST: return sizeof(struct rdma_ucm_join_mcast);
+    default:
+      *err = ENOSYS; /* GET_OPTION */
+      return 0;
+  }
+}
+_Static_assert(sizeof(struct rdma_ucm_resolve_addr) <= SHMRDMA_CM_MAX_IN, "the longest command fits a request");
+
 struct cm_req_buf {
   struct shmrdma_cm_request h;
   unsigned char body[SHMRDMA_CM_MAX_IN + SHMRDMA_CM_MAX_OPT];
@@ -305,8 +351,10 @@ static ssize_t cm_write(int fd, const void *buf, size_t len) {
     errno = EINVAL;
     return -1;
   }
-  if (hdr.cmd == RDMA_USER_CM_CMD_GET_OPTION) {
-    errno = ENOSYS;
+  int lerr;
+  const size_t n = cmd_len(hdr.cmd, hdr.in, &lerr);
+  if (lerr) {
+    errno = lerr;
     return -1;
   }
   struct cm_req_buf r;
@@ -315,7 +363,7 @@ static ssize_t cm_write(int fd, const void *buf, size_t len) {
   r.h.kind = SHMRDMA_CM_COMMAND;
   r.h.cmd = hdr.cmd;
   r.h.out = hdr.out;
-  r.h.in = hdr.in > SHMRDMA_CM_MAX_IN ? SHMRDMA_CM_MAX_IN : hdr.in; /* the daemon reads no more than its struct */
+  r.h.in = (uint16_t)n; /* what the kernel's handler copies (cmd_len) */
   if (copy_in(r.body, (uintptr_t)buf + sizeof hdr, r.h.in)) {
     errno = EFAULT;
     return -1;
