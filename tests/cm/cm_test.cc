@@ -4,11 +4,11 @@
 // librdmacm programs and cm_probe (ours) under `shmrdma run` in them, server
 // and client as separate processes.
 //
-// Every test makes its own namespaces and interfaces, named after the test
-// process's pid, with addresses from 198.18.0.0/15, and removes them (and
-// the daemons of its home) in TearDown, also when it fails or is killed.
+// Every test makes its own namespaces and interfaces (harness/netns.h),
+// named after the test process's pid, with addresses from 198.18.0.0/15,
+// and removes them (and the daemons of its home) in TearDown, also when it
+// fails or is killed.
 // Without root, `ip` or the stock tools the tests skip and say why.
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,132 +17,56 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "netns.h"
 #include "process.h"
 
 namespace {
 
 using harness::Child;
+using harness::contains;
 using harness::Result;
+using harness::slurp;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
-
 bool have(const std::string& prog) { return harness::run({"sh", "-c", "command -v " + prog}).ok(); }
 
-// Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
-// the handler execs a shell that removes what the test made.
-char g_cleanup[4096];
-void on_fatal_signal(int) {
-  const char* argv[] = {"/bin/sh", "-c", g_cleanup, nullptr};
-  ::execv("/bin/sh", const_cast<char* const*>(argv));
-  ::_exit(1);
-}
-
-class Cm : public ::testing::Test {
+class Cm : public harness::NetnsTest {
  protected:
+  Cm() : NetnsTest({"cm", "cm", "198.19"}) {}
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
-    if (!harness::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
-    bin_ = harness::getenv_str("SHMRDMA_BIN");
+    NetnsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     probe_ = harness::getenv_str("CM_PROBE_BIN");
-    ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and CM_PROBE_BIN";
-    const std::string id = std::to_string(::getpid());
-    ns_a_ = "shmrdma-cm" + id + "a";
-    ns_b_ = "shmrdma-cm" + id + "b";
-    if_a_ = "cmA" + id;
-    if_b_ = "cmB" + id;
-    const int octet = static_cast<int>(::getpid() % 250) + 1;
-    net_ = "198.19." + std::to_string(octet) + ".";
-    a_ = net_ + "1";
-    b_ = net_ + "2";
-    char tmpl[] = "/tmp/shmrdma-cm-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    made_ = true;
-    std::snprintf(g_cleanup, sizeof g_cleanup,
-                  "pkill -9 -f '%s' ; for f in %s/daemon/*.pid; do [ -f \"$f\" ] && kill -9 $(cut -d' ' -f1 \"$f\"); "
-                  "done; for d in %s/devices/*; do [ -d \"$d\" ] || continue; n=$(basename \"$d\"); "
-                  "for ns in %s %s; do ip netns exec $ns %s --home %s down --force --name $n; done; done; "
-                  "ip netns del %s; ip netns del %s; rm -rf %s; exit 1",
-                  home_.c_str(), home_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), bin_.c_str(),
-                  home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), home_.c_str());
-    ::signal(SIGTERM, on_fatal_signal);
-    ::signal(SIGINT, on_fatal_signal);
-    ::signal(SIGPIPE, SIG_IGN);
-    ip({"netns", "add", ns_a_});
-    ip({"netns", "add", ns_b_});
-    ip({"link", "add", if_a_, "type", "veth", "peer", "name", if_b_});
-    ip({"link", "set", if_a_, "netns", ns_a_});
-    ip({"link", "set", if_b_, "netns", ns_b_});
-    ip({"-n", ns_a_, "addr", "add", a_ + "/24", "dev", if_a_});
-    ip({"-n", ns_b_, "addr", "add", b_ + "/24", "dev", if_b_});
-    for (const auto& [ns, ifname] : {std::pair{ns_a_, if_a_}, std::pair{ns_b_, if_b_}}) {
-      ip({"-n", ns, "link", "set", ifname, "up"});
-      ip({"-n", ns, "link", "set", "lo", "up"});
-    }
+    ASSERT_FALSE(probe_.empty()) << "meson passes CM_PROBE_BIN";
+    const harness::NetnsPair& n = net_pair_;
+    bin_ = n.bin, home_ = n.home, ns_a_ = n.ns_a, ns_b_ = n.ns_b, if_a_ = n.if_a, if_b_ = n.if_b;
+    net_ = n.net, a_ = n.a, b_ = n.b;
     Result r = shm(ns_a_, {"up", "--name", "roceA", "--netdev", if_a_});
     ASSERT_TRUE(r.ok()) << r.describe();
     r = shm(ns_b_, {"up", "--name", "roceB", "--netdev", if_b_});
     ASSERT_TRUE(r.ok()) << r.describe();
   }
 
-  void TearDown() override {
-    if (!made_) return;
-    ::signal(SIGTERM, SIG_DFL);
-    ::signal(SIGINT, SIG_DFL);
-    for (const auto& ns : {ns_a_, ns_b_}) {
-      if (::access((home_ + "/devices").c_str(), F_OK) != 0) break;
-      for (const auto& e : fs::directory_iterator(home_ + "/devices"))
-        (void)shm(ns, {"down", "--force", "--name", e.path().filename().string()});
-    }
-    if (DIR* d = ::opendir((home_ + "/daemon").c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n.size() < 4 || n.substr(n.size() - 4) != ".pid") continue;
-        long pid = std::atol(slurp(home_ + "/daemon/" + n).c_str());
-        if (pid > 1) ::kill(static_cast<pid_t>(pid), SIGKILL);
-      }
-      ::closedir(d);
-    }
-    if (HasFailure())
-      for (const auto& e : fs::directory_iterator(home_ + "/daemon"))
-        if (e.path().extension() == ".log") std::printf("--- %s\n%s", e.path().c_str(), slurp(e.path()).c_str());
-    harness::run({"ip", "netns", "del", ns_a_});
-    harness::run({"ip", "netns", "del", ns_b_});
-    std::error_code ec;
-    fs::remove_all(home_, ec);
-  }
-
-  void ip(std::vector<std::string> args) {
-    args.insert(args.begin(), "ip");
-    Result r = harness::run(args);
-    ASSERT_TRUE(r.ok()) << r.describe();
-  }
   std::vector<std::string> cmd(const std::string& ns, std::vector<std::string> args) {
-    args.insert(args.begin(), {"ip", "netns", "exec", ns, bin_, "--home", home_});
-    return args;
+    return net_pair_.shm_cmd(ns, std::move(args));
   }
   Result shm(const std::string& ns, std::vector<std::string> args, int timeout_ms = 30000) {
-    return harness::run(cmd(ns, std::move(args)), timeout_ms);
+    return net_pair_.shm(ns, std::move(args), timeout_ms);
   }
   // `shmrdma run -- PROGRAM...` inside namespace ns.
   std::vector<std::string> app(const std::string& ns, std::vector<std::string> args) {
-    args.insert(args.begin(), {"run", "--"});
-    return cmd(ns, std::move(args));
+    return net_pair_.app(ns, std::move(args));
+  }
+  // Starts a child the signal cleanup kills too.
+  bool start(Child& c, const std::vector<std::string>& args) {
+    const bool ok = c.start(args, harness::kDialog);
+    if (ok) net_pair_.also_kill(c.pid());
+    return ok;
   }
   void need(const std::vector<std::string>& progs) {
     for (const auto& p : progs)
@@ -154,13 +78,13 @@ class Cm : public ::testing::Test {
   std::pair<Result, Result> pair(const std::string& ns_s, std::vector<std::string> server, const std::string& ns_c,
                                  std::vector<std::string> client, int timeout_ms = 60000, bool forever = false) {
     Child s;
-    EXPECT_TRUE(s.start(app(ns_s, server), harness::kDialog)) << "cannot start";
+    EXPECT_TRUE(start(s, app(ns_s, server))) << "cannot start";
     // The server is listening once its daemon has its id; stock servers print
     // nothing first, so give them a moment (the client would get REJECTED,
     // and the test say so, if it were not enough).
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
     Child cl;
-    EXPECT_TRUE(cl.start(app(ns_c, client), harness::kDialog)) << "cannot start";
+    EXPECT_TRUE(start(cl, app(ns_c, client))) << "cannot start";
     // Drain both outputs while they run (a pipe may hold a single page).
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     bool s_eof = false, c_eof = false;
@@ -184,7 +108,6 @@ class Cm : public ::testing::Test {
   std::string port() { return std::to_string(20000 + (next_port_++) + (::getpid() % 1000) * 10); }
 
   std::string bin_, probe_, home_, ns_a_, ns_b_, if_a_, if_b_, net_, a_, b_;
-  bool made_ = false;
   int next_port_ = 0;
 };
 
@@ -339,9 +262,9 @@ class CmFaults : public Cm {
  protected:
   void start_pair(const std::string& mode, const std::string& expected, Child* s, Child* c) {
     const std::string p = port();
-    ASSERT_TRUE(s->start(app(ns_a_, {probe_, "server", a_, p, mode}), harness::kDialog)) << "cannot start";
+    ASSERT_TRUE(start(*s, app(ns_a_, {probe_, "server", a_, p, mode}))) << "cannot start";
     ASSERT_TRUE(s->wait_line("LISTENING", 10000)) << s->errors();
-    ASSERT_TRUE(c->start(app(ns_b_, {probe_, "client", a_, p, expected}), harness::kDialog)) << "cannot start";
+    ASSERT_TRUE(start(*c, app(ns_b_, {probe_, "client", a_, p, expected}))) << "cannot start";
   }
   static long ms_until(Child* ch, const std::string& prefix, int timeout_ms) {
     const auto t0 = Clock::now();
@@ -411,10 +334,10 @@ TEST_F(CmFaults, DaemonKilledKeepsEstablishedQps) {
   need({"rping"});
   const std::string p = port();
   Child s;
-  ASSERT_TRUE(s.start(app(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "3000", "-V"}), harness::kDialog)) << "cannot start";
+  ASSERT_TRUE(start(s, app(ns_a_, {"rping", "-s", "-a", a_, "-p", p, "-C", "3000", "-V"}))) << "cannot start";
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   Child c;
-  ASSERT_TRUE(c.start(app(ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "3000", "-V", "-v"}), harness::kDialog)) << "cannot start";
+  ASSERT_TRUE(start(c, app(ns_b_, {"rping", "-c", "-a", a_, "-p", p, "-C", "3000", "-V", "-v"}))) << "cannot start";
   ASSERT_TRUE(c.wait_line("ping data: rdma-ping-10:", 10000)) << c.output() << c.errors();
   int killed = 0;
   for (const auto& e : fs::directory_iterator(home_ + "/daemon")) {
