@@ -14,11 +14,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "netns.h"
@@ -191,27 +195,35 @@ TEST_F(CmStock, PerftestOverRdmaCm) {
   need(tools);
   for (const auto& t : tools) {
     const std::string p = port();
-    auto [s, c] = pair(ns_a_, {t, "-R", "-d", "roceA", "-p", p, "-n", "200"}, ns_b_,
-                       {t, "-R", "-d", "roceB", "-p", p, "-n", "200", a_});
+    // No -d: each namespace lists its own device only, which perftest takes.
+    auto [s, c] = pair(ns_a_, {t, "-R", "-p", p, "-n", "200"}, ns_b_, {t, "-R", "-p", p, "-n", "200", a_});
     EXPECT_TRUE(contains(c.out, "#bytes")) << t << ":\n" << c.out;
+    EXPECT_TRUE(std::regex_search(s.out, std::regex("Device\\s+: roceA"))) << t << ":\n" << s.out;
+    EXPECT_TRUE(std::regex_search(c.out, std::regex("Device\\s+: roceB"))) << t << ":\n" << c.out;
   }
 }
 
 TEST_F(CmStock, LibfabricVerbsProvider) {
   need({"fi_info", "fi_pingpong"});
-  Result r = shm(ns_a_, {"run", "--", "fi_info", "-p", "verbs"});
-  ASSERT_TRUE(r.ok()) << r.describe();
-  EXPECT_TRUE(contains(r.out, "FI_EP_MSG")) << r.out;
-  r = shm(ns_a_, {"run", "--", "fi_info", "-p", "verbs;ofi_rxm"});
+  // Each namespace's domains are its own device's only (MSG, XRC, DGRAM).
+  for (const auto& [ns, own, other] : {std::tuple{ns_a_, "roceA", "roceB"}, std::tuple{ns_b_, "roceB", "roceA"}}) {
+    Result r = shm(ns, {"run", "--", "fi_info", "-p", "verbs"});
+    ASSERT_TRUE(r.ok()) << r.describe();
+    EXPECT_TRUE(contains(r.out, "FI_EP_MSG")) << r.out;
+    EXPECT_TRUE(contains(r.out, std::string("domain: ") + own + "\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, std::string("domain: ") + own + "-dgram\n")) << r.out;
+    EXPECT_FALSE(contains(r.out, other)) << r.out;
+  }
+  Result r = shm(ns_a_, {"run", "--", "fi_info", "-p", "verbs;ofi_rxm"});
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_TRUE(contains(r.out, "FI_EP_RDM")) << r.out;
-  // Both devices of the home are visible in each namespace; libfabric takes
-  // the first domain, so name ours (README: RDMA CM).
-  auto [s, c] = pair(ns_a_, {"fi_pingpong", "-p", "verbs", "-e", "msg", "-d", "roceA", "-I", "100"}, ns_b_,
-                     {"fi_pingpong", "-p", "verbs", "-e", "msg", "-d", "roceB", "-I", "100", a_});
+  EXPECT_FALSE(contains(r.out, "roceB")) << r.out;
+  // As a new user types them: no -d.
+  auto [s, c] = pair(ns_a_, {"fi_pingpong", "-p", "verbs", "-e", "msg", "-I", "100"}, ns_b_,
+                     {"fi_pingpong", "-p", "verbs", "-e", "msg", "-I", "100", a_});
   EXPECT_TRUE(contains(c.out, "1m")) << c.out;
-  auto [s2, c2] = pair(ns_a_, {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-d", "roceA", "-I", "20"}, ns_b_,
-                       {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-d", "roceB", "-I", "20", a_});
+  auto [s2, c2] = pair(ns_a_, {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-I", "20"}, ns_b_,
+                       {"fi_pingpong", "-p", "verbs;ofi_rxm", "-e", "rdm", "-I", "20", a_});
   EXPECT_TRUE(contains(c2.out, "64k")) << c2.out;
 }
 
@@ -250,9 +262,16 @@ TEST_F(CmProbe, NoListenerIsRefusedAndNobodysAddressFails) {
 }
 
 TEST_F(CmProbe, NoDaemonNoChannel) {
-  // The host's own namespace has no RoCE device of this home, so no daemon:
-  // rdma_create_event_channel fails with ENOENT, as without a kernel.
+  // The host's own namespace lists no device of this home (both RoCE
+  // devices belong to the test's namespaces): librdmacm finds none and fails
+  // with ENODEV, as in a namespace the kernel's exclusive mode gives none.
   Result r = harness::run({bin_, "--home", home_, "run", "--", probe_, "nochannel"}, 20000);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_TRUE(contains(r.out, "FAIL rdma_create_event_channel: " + std::string(std::strerror(ENODEV)))) << r.out;
+  // With a device listed (InfiniBand: listed everywhere, no daemon) but no
+  // daemon in the namespace: ENOENT, as without a kernel.
+  ASSERT_TRUE(shm("", {"up", "--name", "ibh0"}).ok());
+  r = harness::run({bin_, "--home", home_, "run", "--", probe_, "nochannel"}, 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
 }
 

@@ -211,12 +211,50 @@ TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
     EXPECT_EQ(d["ports"][0]["gids"][1]["gid"], "::ffff:" + s.addr);
     EXPECT_EQ(d["ports"][0]["gids"][1]["type"], "RoCE v2");
   }
-  // Every device of the home is visible from each namespace; the IB one is still IB.
-  r = shm(ns_a_, {"run", "ibv_devices"});
-  ASSERT_TRUE(r.ok()) << r.describe();
-  for (const char* d : {"roceA", "roceB", "ibx0"}) EXPECT_TRUE(contains(r.out, d)) << r.out;
+  // Each namespace lists the InfiniBand device and its own RoCE device only
+  // (the kernel's exclusive netns mode), in libibverbs and in SYSFS_PATH;
+  // the host's namespace lists only the InfiniBand one; the IB one is still IB.
+  struct View {
+    std::string ns;
+    std::vector<std::string> listed, hidden;
+  };
+  for (const View& v : {View{ns_a_, {"roceA", "ibx0"}, {"roceB"}}, View{ns_b_, {"roceB", "ibx0"}, {"roceA"}},
+                        View{"", {"ibx0"}, {"roceA", "roceB"}}}) {
+    SCOPED_TRACE(v.ns.empty() ? "the host's namespace" : v.ns);
+    r = shm(v.ns, {"run", "ibv_devices"});
+    ASSERT_TRUE(r.ok()) << r.describe();
+    Result ls = shm(v.ns, {"run", "sh", "-c", "ls $SYSFS_PATH/class/infiniband; ls $SYSFS_PATH/class/infiniband_verbs"});
+    ASSERT_TRUE(ls.ok()) << ls.describe();
+    for (const auto& d : v.listed) {
+      EXPECT_TRUE(contains(r.out, d)) << r.out;
+      EXPECT_TRUE(contains(ls.out, d + "\n") && contains(ls.out, "shmrdma_" + d + "_")) << ls.out;
+    }
+    for (const auto& d : v.hidden) {
+      EXPECT_FALSE(contains(r.out, d)) << r.out;
+      EXPECT_FALSE(contains(ls.out, d)) << ls.out;
+    }
+  }
+  r = shm(ns_a_, {"run", "ibv_devinfo", "-d", "roceB"});
+  EXPECT_NE(r.exit_code, 0) << "roceB is not listed in " << ns_a_ << ": " << r.describe();
   r = shm(ns_a_, {"run", "ibv_devinfo", "-d", "ibx0"});
   EXPECT_TRUE(std::regex_search(r.out, std::regex("link_layer:\\s+InfiniBand"))) << r.out;
+  // A device brought up later shows in a view made before (a shell that
+  // took `shmrdma env` earlier), and goes when it goes down.
+  Result env = shm(ns_a_, {"env"});
+  ASSERT_TRUE(env.ok()) << env.describe();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(env.out, m, std::regex("export SYSFS_PATH='([^']+)'"))) << env.out;
+  const std::string view = m[1];
+  EXPECT_NE(view, home_ + "/sys") << "SYSFS_PATH is the home's whole tree";
+  ASSERT_TRUE(shm("", {"up", "--name", "ibx1"}).ok());
+  EXPECT_TRUE(fs::exists(view + "/class/infiniband/ibx1/node_guid")) << view;
+  ASSERT_TRUE(shm("", {"down", "--name", "ibx1"}).ok());
+  EXPECT_FALSE(fs::exists(view + "/class/infiniband/ibx1")) << view;
+  // SHMRDMA_NETNS_MODE=shared: every device of the home, as the kernel's shared mode.
+  r = harness::run(in_ns(ns_a_, {"env", "SHMRDMA_NETNS_MODE=shared", bin_, "--home", home_, "run", "ibv_devices"}));
+  ASSERT_TRUE(r.ok()) << r.describe();
+  for (const char* d : {"roceA", "roceB", "ibx0"}) EXPECT_TRUE(contains(r.out, d)) << r.out;
+  // status lists every device of the home (it is not the verbs view), saying whose namespace.
   EXPECT_EQ(device_json("", "roceB")["netdev"]["netns_is_ours"], false);
 }
 
@@ -412,6 +450,11 @@ TEST_F(RoceCtl, PrivateSysShowsTheTreeWhereUcxLooks) {
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_EQ(r.out, "RoCE v2\n" + if_a_ + "\n1500\n");
   EXPECT_EQ(fs::exists("/sys/class/infiniband/roceA"), host_had) << "the host's /sys changed";
+  // The namespace's view there too: roceB of the other namespace is not listed.
+  ASSERT_TRUE(shm(ns_b_, {"up", "--name", "roceB", "--netdev", if_b_}).ok());
+  r = shm(ns_a_, {"run", "--private-sys", "ls", "/sys/class/infiniband"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(r.out, "roceA\n");
 }
 
 // One request to the daemon's socket; the reply line ("" when none).
