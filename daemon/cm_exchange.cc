@@ -353,6 +353,9 @@ void CmService::Impl::timers() {
         id->st = St::Disconnected;
         queue(id, event_for(id, RDMA_CM_EVENT_DISCONNECTED, 0), id->handle);
         break;
+      case St::Bound:
+        if (id->resolve_deadline >= 0) resolve_retry(id, now);  // cm_commands.cc
+        break;
       default:
         break;
     }

@@ -46,6 +46,10 @@ constexpr uint32_t kMaxBacklog = 1024;  // /proc/sys/net/rdma_ucm/max_backlog's 
 constexpr uint8_t kDefaultAckTimeout = 17;  // RoCE: packet life time 16 + 1 (cma.c)
 constexpr uint8_t kHopLimit = 64;
 constexpr uint32_t kUdpQkey = 0x01234567;
+// A destination nobody holds: looked for again at this interval (the
+// kernel's neighbour resolution; a device that comes up with it meanwhile
+// resolves) until the caller's timeout_ms, then ADDR_ERROR -ETIMEDOUT.
+constexpr int kResolveRetryMs = 100;
 
 inline int64_t now_ms() {
   timespec ts{};
@@ -199,6 +203,12 @@ struct Id {
   cm::Mad last{};            // what the timer retransmits
   int retries_left = 0;
   int64_t retry_at = -1;     // -1: no timer
+  // An address resolution waiting for its destination (the kernel's
+  // RDMA_CM_ADDR_QUERY; st stays Bound): until this time, else -1; the
+  // source and device it found, taken on success.
+  int64_t resolve_deadline = -1;
+  Addr resolve_src;
+  DevBind resolve_dev;
 };
 
 // The event numbers of the ucma ABI (rdma_cma.h enum rdma_cm_event_type,
@@ -313,7 +323,9 @@ struct CmService::Impl {
   void cmd_create(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_destroy(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_bind(Channel& c, uint32_t handle, const void* addr, size_t len, ReplyOut* r);
-  void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r);
+  void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, uint32_t timeout_ms, ReplyOut* r);
+  void resolve_done(Id* id, const Addr& s, const DevBind& d);
+  void resolve_retry(Id* id, int64_t now);
   void cmd_query_route(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_connect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r);

@@ -257,8 +257,20 @@ TEST_F(CmProbe, NoListenerIsRefusedAndNobodysAddressFails) {
   Result r = harness::run(app(ns_b_, {probe_, "client", a_, port(), "RDMA_CM_EVENT_REJECTED"}), 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_TRUE(contains(r.out, "EVENT RDMA_CM_EVENT_REJECTED 8 ")) << r.out;  // invalid service id
+  // On-link, held by nobody: ADDR_ERROR -ETIMEDOUT once the resolution's
+  // timeout (cm_probe: 2000 ms) has passed, as the kernel's neighbour
+  // resolution reports it; never at once.
   r = harness::run(app(ns_b_, {probe_, "client", net_ + "9", port(), "RDMA_CM_EVENT_ADDR_ERROR"}), 20000);
   EXPECT_TRUE(r.ok()) << r.describe();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("EVENT RDMA_CM_EVENT_ADDR_ERROR (-?\\d+) (\\d+)"))) << r.out;
+  EXPECT_EQ(m[1], "-110") << "status -ETIMEDOUT:\n" << r.out;
+  EXPECT_GE(std::stol(m[2]), 1000) << "reported before half of timeout_ms:\n" << r.out;
+  // No route at all (the namespaces have no default route): the call itself
+  // fails with ENETUNREACH, no event, as rdma_resolve_ip does.
+  r = harness::run(app(ns_b_, {probe_, "client", "198.18.255.254", port(), "RDMA_CM_EVENT_ADDR_ERROR"}), 20000);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_TRUE(contains(r.out, "FAIL rdma_resolve_addr: " + std::string(std::strerror(ENETUNREACH)))) << r.describe();
 }
 
 TEST_F(CmProbe, NoDaemonNoChannel) {
