@@ -80,13 +80,14 @@ class Cm : public harness::NetnsTest {
   // A server in ns_s and a client in ns_c, both must exit 0; returns both results.
   // A server that never exits by itself (forever) is killed once the client is done.
   std::pair<Result, Result> pair(const std::string& ns_s, std::vector<std::string> server, const std::string& ns_c,
-                                 std::vector<std::string> client, int timeout_ms = 60000, bool forever = false) {
+                                 std::vector<std::string> client, int timeout_ms = 60000, bool forever = false,
+                                 int settle_ms = 700) {
     Child s;
     EXPECT_TRUE(start(s, app(ns_s, server))) << "cannot start";
     // The server is listening once its daemon has its id; stock servers print
     // nothing first, so give them a moment (the client would get REJECTED,
     // and the test say so, if it were not enough).
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
     Child cl;
     EXPECT_TRUE(start(cl, app(ns_c, client))) << "cannot start";
     // Drain both outputs while they run (a pipe may hold a single page).
@@ -196,7 +197,10 @@ TEST_F(CmStock, PerftestOverRdmaCm) {
   for (const auto& t : tools) {
     const std::string p = port();
     // No -d: each namespace lists its own device only, which perftest takes.
-    auto [s, c] = pair(ns_a_, {t, "-R", "-p", p, "-n", "200"}, ns_b_, {t, "-R", "-p", p, "-n", "200", a_});
+    // perftest's server listens only after opening its device and checking
+    // it: on a loaded machine 700 ms was seen too short (REJECTED 8).
+    auto [s, c] = pair(ns_a_, {t, "-R", "-p", p, "-n", "200"}, ns_b_, {t, "-R", "-p", p, "-n", "200", a_}, 60000, false,
+                       2000);
     EXPECT_TRUE(contains(c.out, "#bytes")) << t << ":\n" << c.out;
     EXPECT_TRUE(std::regex_search(s.out, std::regex("Device\\s+: roceA"))) << t << ":\n" << s.out;
     EXPECT_TRUE(std::regex_search(c.out, std::regex("Device\\s+: roceB"))) << t << ":\n" << c.out;
