@@ -46,7 +46,7 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
       if ((has_src && (r.err = parse_addr(&cmd.src_addr, sizeof cmd.src_addr, &src))) ||
           (r.err = parse_addr(&cmd.dst_addr, sizeof cmd.dst_addr, &dst)))
         break;
-      cmd_resolve(c, cmd.id, has_src ? &src : nullptr, dst, &r);
+      cmd_resolve(c, cmd.id, has_src ? &src : nullptr, dst, cmd.timeout_ms, &r);
       break;
     }
     case RDMA_USER_CM_CMD_RESOLVE_ADDR: {
@@ -63,7 +63,7 @@ ReplyOut CmService::Impl::command(Channel& c, const shmrdma_cm_request& h, const
       if ((has_src && (r.err = parse_addr(&cmd.src_addr, cmd.src_size, &src))) ||
           (r.err = parse_addr(&cmd.dst_addr, cmd.dst_size, &dst)))
         break;
-      cmd_resolve(c, cmd.id, has_src ? &src : nullptr, dst, &r);
+      cmd_resolve(c, cmd.id, has_src ? &src : nullptr, dst, cmd.timeout_ms, &r);
       break;
     }
     case RDMA_USER_CM_CMD_RESOLVE_ROUTE: {
@@ -262,7 +262,14 @@ void CmService::Impl::cmd_bind(Channel& c, uint32_t handle, const void* addr, si
   id->st = St::Bound;
 }
 
-void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r) {
+// As the kernel's rdma_resolve_ip (core/addr.c): no route to the destination
+// fails the command itself (ENETUNREACH, no event; the id stays bound); a
+// routed destination is resolved like a neighbour: held by a device of the
+// home, ADDR_RESOLVED at once; held by nobody, looked for again until
+// timeout_ms passed, then ADDR_ERROR with -ETIMEDOUT (the kernel wakes a
+// pending request only when a neighbour becomes valid, else at its timeout).
+void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, uint32_t timeout_ms,
+                                  ReplyOut* r) {
   Id* id = find(c, handle, &r->err);
   if (!id) return;
   if (dst.family == AF_IB || (src && src->family == AF_IB) || id->src.family == AF_IB) {
@@ -286,56 +293,89 @@ void CmService::Impl::cmd_resolve(Channel& c, uint32_t handle, const Addr* src, 
       return;
     }
   }
-  if (id->st != St::Bound && id->st != St::AddrResolved) {
-    r->err = EINVAL;
+  if ((id->st != St::Bound && id->st != St::AddrResolved) || id->resolve_deadline >= 0) {
+    r->err = EINVAL;  // the kernel: not ADDR_BOUND / ADDR_RESOLVED (a query in progress is ADDR_QUERY)
     return;
   }
   id->dst = dst;
   int status = 0;
   // The source: the bound address, else the one the host would route from.
   Addr s = id->src;
-  if (s.any() || s.loopback()) {
-    if (dst.loopback()) {
-      status = -loopback_source(&s);
-    } else {
-      int u = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      sockaddr_in6 sa{};
-      sa.sin6_family = AF_INET6;
-      sa.sin6_port = htons(4791);
-      std::memcpy(&sa.sin6_addr, dst.ip, 16);
-      socklen_t len = sizeof sa;
-      if (u >= 0 && ::connect(u, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-          ::getsockname(u, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-        std::memcpy(s.ip, &sa.sin6_addr, 16);
-      } else {
-        status = -(errno ? errno : ENETUNREACH);
-      }
-      if (u >= 0) ::close(u);
+  const bool unbound = s.any() || s.loopback();
+  if (dst.loopback()) {
+    if (unbound) status = -loopback_source(&s);
+  } else {
+    // The route, in the daemon's namespace (the caller's): a UDP connect
+    // (from the bound source, if any) asks the kernel's routing table.
+    int u = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (u < 0) {
+      r->err = errno;
+      return;
     }
+    sockaddr_in6 sa{};
+    sa.sin6_family = AF_INET6;
+    if (!unbound) {
+      std::memcpy(&sa.sin6_addr, s.ip, 16);
+      (void)::bind(u, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+    }
+    sa.sin6_port = htons(4791);
+    std::memcpy(&sa.sin6_addr, dst.ip, 16);
+    socklen_t len = sizeof sa;
+    if (::connect(u, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+        ::getsockname(u, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+      r->err = errno ? errno : ENETUNREACH;
+      ::close(u);
+      return;
+    }
+    ::close(u);
+    if (unbound) std::memcpy(s.ip, &sa.sin6_addr, 16);
   }
   DevBind d = id->dev;
   if (status == 0 && !d.set) status = -set_device_for(s, &d);
-  if (status == 0) {
-    // The destination: the GID some device of the home holds.
-    uint8_t dgid[16];
-    std::memcpy(dgid, dst.loopback() ? s.ip : dst.ip, 16);
-    const bool mcast = dst.v4() ? (dst.ip[12] & 0xf0) == 0xe0 : dst.ip[0] == 0xff;  // a group: no peer to find
-    if (!mcast && peer_for(dgid).empty()) status = -EHOSTUNREACH;
-    else std::memcpy(id->dgid, dgid, 16);
-  }
   if (status) {
     queue(id, event_for(id, RDMA_CM_EVENT_ADDR_ERROR, status), id->handle);
     return;
   }
+  // The destination: the GID some device of the home holds.
+  std::memcpy(id->dgid, dst.loopback() ? s.ip : dst.ip, 16);
+  const bool mcast = dst.v4() ? (dst.ip[12] & 0xf0) == 0xe0 : dst.ip[0] == 0xff;  // a group: no peer to find
+  if (!mcast && peer_for(id->dgid).empty()) {
+    const int64_t now = now_ms();
+    id->st = St::Bound;
+    id->resolve_src = s;
+    id->resolve_dev = d;
+    id->resolve_deadline = now + timeout_ms;
+    id->retries_left = 0;  // the timer looks again, it sends nothing
+    id->retry_at = std::min(now + kResolveRetryMs, id->resolve_deadline);
+    return;
+  }
+  resolve_done(id, s, d);
+}
+
+void CmService::Impl::resolve_done(Id* id, const Addr& s, const DevBind& d) {
   id->dev = d;
   if (id->src.any() || id->src.loopback()) {
     const uint16_t port = id->src.port;
     std::memcpy(id->src.ip, s.ip, 16);
-    id->src.family = dst.family;
+    id->src.family = id->dst.family;
     id->src.port = port;
   }
   id->st = St::AddrResolved;
   queue(id, event_for(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0), id->handle);
+}
+
+// The timer of a pending resolution (CmService::Impl::timers).
+void CmService::Impl::resolve_retry(Id* id, int64_t now) {
+  if (!peer_for(id->dgid).empty()) {
+    id->resolve_deadline = -1;
+    resolve_done(id, id->resolve_src, id->resolve_dev);
+  } else if (now >= id->resolve_deadline) {
+    id->resolve_deadline = -1;
+    queue(id, event_for(id, RDMA_CM_EVENT_ADDR_ERROR, -ETIMEDOUT), id->handle);
+  } else {
+    id->retries_left = 0;
+    id->retry_at = std::min(now + kResolveRetryMs, id->resolve_deadline);
+  }
 }
 
 // AF_IB address resolution (cma.c cma_resolve_ib_addr / cma_resolve_ib_dev):

@@ -438,6 +438,9 @@ void CmService::Impl::timers() {
         queue(id, event_for(id, RDMA_CM_EVENT_DISCONNECTED, 0), id->handle);
         enter_timewait(id);  // DREQ_ERROR enters timewait too
         break;
+      case St::Bound:
+        if (id->resolve_deadline >= 0) resolve_retry(id, now);  // cm_commands.cc
+        break;
       default:
         break;
     }

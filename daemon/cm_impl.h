@@ -54,6 +54,10 @@ constexpr uint8_t kRoceRate = 3;            // IB_RATE_10_GBPS: what iboe_get_ra
 
 // IBA time values (4.096 us * 2^t) in ms, as cm.c's cm_convert_to_ms rounds them.
 inline int64_t iba_time_ms(int t) { return int64_t{1} << std::max(t - 8, 0); }
+// A destination nobody holds: looked for again at this interval (the
+// kernel's neighbour resolution; a device that comes up with it meanwhile
+// resolves) until the caller's timeout_ms, then ADDR_ERROR -ETIMEDOUT.
+constexpr int kResolveRetryMs = 100;
 
 inline int64_t now_ms() {
   timespec ts{};
@@ -315,6 +319,12 @@ struct Id {
   bool mra_rcvd = false;        // MRA_REQ_RCVD / MRA_REP_RCVD: later MRAs are duplicates
   bool dreq_rcvd = false;       // the peer disconnected: our DISCONNECT is its DREP (timewait)
   int64_t timewait_at = -1;     // TIMEWAIT_EXIT is due (-1: not in timewait)
+  // An address resolution waiting for its destination (the kernel's
+  // RDMA_CM_ADDR_QUERY; st stays Bound): until this time, else -1; the
+  // source and device it found, taken on success.
+  int64_t resolve_deadline = -1;
+  Addr resolve_src;
+  DevBind resolve_dev;
 };
 
 // The event numbers of the ucma ABI (rdma_cma.h enum rdma_cm_event_type,
@@ -430,7 +440,9 @@ struct CmService::Impl {
   void cmd_create(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_destroy(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_bind(Channel& c, uint32_t handle, const void* addr, size_t len, ReplyOut* r);
-  void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, ReplyOut* r);
+  void cmd_resolve(Channel& c, uint32_t handle, const Addr* src, const Addr& dst, uint32_t timeout_ms, ReplyOut* r);
+  void resolve_done(Id* id, const Addr& s, const DevBind& d);
+  void resolve_retry(Id* id, int64_t now);
   void cmd_query_route(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void cmd_query(Channel& c, const std::vector<uint8_t>& in, uint16_t out, ReplyOut* r);
   void query_addr(Id* id, bool gid, uint16_t out, ReplyOut* r);

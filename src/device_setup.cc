@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -300,6 +301,122 @@ std::vector<std::string> list_devices(const std::string& home) {
 
 int rewrite_sysfs(Registry& reg, std::string* why) { return write_sysfs(reg.paths(), reg, why); }
 
+std::string netns_view_root(const std::string& home, uint64_t netns_dev, uint64_t netns_ino) {
+  return home + "/netns/" + std::to_string(netns_dev) + "-" + std::to_string(netns_ino);
+}
+
+bool visible_in_netns(const layout::NetBinding& b, uint64_t netns_dev, uint64_t netns_ino) {
+  if (b.link_layer != layout::kLinkLayerEthernet) return true;
+  return b.netns_dev == netns_dev && b.netns_ino == netns_ino;
+}
+
+namespace {
+
+// `link` is a symbolic link to `target` afterwards (replaced atomically).
+int ensure_link(const std::string& link, const std::string& target) {
+  char buf[4096];
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
+  if (n >= 0 && std::string(buf, static_cast<size_t>(n)) == target) return 0;
+  const size_t slash = link.find_last_of('/');
+  const std::string tmp = link.substr(0, slash + 1) + "." + link.substr(slash + 1) + ".tmp";
+  ::unlink(tmp.c_str());
+  if (::symlink(target.c_str(), tmp.c_str()) != 0) return errno;
+  if (::rename(tmp.c_str(), link.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return e;
+  }
+  return 0;
+}
+
+// Removes every entry of `dir` (dot files and `keep` aside) not in `wanted`.
+void remove_unwanted(const std::string& dir, const std::set<std::string>& wanted, const char* keep) {
+  std::vector<std::string> extra;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.' || (keep && !std::strcmp(e->d_name, keep)) || wanted.count(e->d_name)) continue;
+      extra.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  for (const auto& x : extra) remove_tree(dir + "/" + x);
+}
+
+// Views change under an exclusive flock of <home>/netns/.lock: two `up`s in
+// different namespaces would otherwise remove each other's new links.
+class ViewLock {
+ public:
+  explicit ViewLock(const std::string& home) {
+    if (mkdirs(home + "/netns", 0700) != 0) return;
+    fd_ = ::open((home + "/netns/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ >= 0) {
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+  }
+  ~ViewLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ViewLock(const ViewLock&) = delete;
+  ViewLock& operator=(const ViewLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+int sync_view_locked(const std::string& home, uint64_t netns_dev, uint64_t netns_ino, std::string* why) {
+  const std::string root = netns_view_root(home, netns_dev, netns_ino);
+  const std::string ib = root + "/class/infiniband", uv = root + "/class/infiniband_verbs";
+  int rc = mkdirs(ib, 0755);
+  if (!rc) rc = mkdirs(uv, 0755);
+  std::string abi;
+  if (!rc && (read_small_file(uv + "/abi_version", &abi) != 0 || abi != "6"))
+    rc = write_file_atomic(uv + "/abi_version", "6\n", 0444);
+  std::set<std::string> want_ib, want_uv;
+  for (const std::string& name : list_devices(home)) {
+    if (rc) break;
+    const DevicePaths p = device_paths(home, name);
+    Registry reg;
+    // A device being created or removed meanwhile is left out: its `up` or
+    // `down` syncs the views again when it is done.
+    if (Registry::attach(p, &reg) != 0 || ::access(p.uverbs_dir.c_str(), F_OK) != 0 ||
+        !visible_in_netns(reg.device().net, netns_dev, netns_ino))
+      continue;
+    want_ib.insert(name);
+    want_uv.insert(p.uverbs_name);
+    if ((rc = ensure_link(ib + "/" + name, p.ibdev_dir)) == 0) rc = ensure_link(uv + "/" + p.uverbs_name, p.uverbs_dir);
+  }
+  if (rc) {
+    if (why) *why = "cannot write the device view " + root + ": " + std::strerror(rc);
+    return rc;
+  }
+  remove_unwanted(ib, want_ib, nullptr);
+  remove_unwanted(uv, want_uv, "abi_version");
+  return 0;
+}
+
+}  // namespace
+
+int sync_netns_view(const std::string& home, uint64_t netns_dev, uint64_t netns_ino, std::string* why) {
+  ViewLock lock(home);
+  return sync_view_locked(home, netns_dev, netns_ino, why);
+}
+
+void sync_netns_views(const std::string& home) {
+  ViewLock lock(home);
+  std::vector<std::pair<uint64_t, uint64_t>> views;
+  if (DIR* d = ::opendir((home + "/netns").c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      unsigned long long dev = 0, ino = 0;
+      char tail = 0;
+      if (e->d_name[0] != '.' && std::sscanf(e->d_name, "%llu-%llu%c", &dev, &ino, &tail) == 2)
+        views.emplace_back(dev, ino);
+    }
+    ::closedir(d);
+  }
+  for (const auto& [dev, ino] : views) (void)sync_view_locked(home, dev, ino, nullptr);
+}
+
 int apply_port_net(Registry& reg, uint32_t port, const PortNetView& v, PortNetChange* change, std::string* why) {
   PortNetChange c;
   if (int rc = reg.update_port_net(port, v, &c); rc) {
@@ -431,6 +548,7 @@ int device_up(const std::string& home, const std::string& name, uint32_t ports, 
   if ((rc = write_sysfs(p, reg, why)) != 0) return rc;
   (void)refresh_counters(reg, nullptr);
   ensure_cdev(p, out);
+  sync_netns_views(home);
   return 0;
 }
 
@@ -486,6 +604,7 @@ int device_down(const std::string& home, const std::string& name, bool force, st
   remove_tree(p.ibdev_dir);
   remove_tree(p.device_dir);
   if (cdev_ok(p.cdev)) ::unlink(p.cdev.c_str());
+  sync_netns_views(home);
   return 0;
 }
 

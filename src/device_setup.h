@@ -66,6 +66,27 @@ int raise_port_event(Registry& reg, uint32_t port, uint32_t event_type);
 // *out (optional) receives the counters. 0 or errno.
 int refresh_counters(Registry& reg, std::vector<PortCounters>* out);
 
+// The per-network-namespace view (what `shmrdma run` and `env` give
+// programs as SYSFS_PATH): <home>/netns/<dev>-<ino>/class/infiniband{,_verbs}
+// hold symbolic links to the devices of the home's sysfs tree that a program
+// in that namespace sees, as the kernel's exclusive netns mode shows a
+// namespace only its own devices: every InfiniBand device (bound to no
+// interface) and the RoCE devices bound to an interface of that namespace.
+// The links point into <home>/sys, so every file stays live.
+std::string netns_view_root(const std::string& home, uint64_t netns_dev, uint64_t netns_ino);
+
+// Whether a device of this binding is listed in the view of namespace (dev, ino).
+bool visible_in_netns(const layout::NetBinding& b, uint64_t netns_dev, uint64_t netns_ino);
+
+// Makes or updates the view of namespace (dev, ino): links for the devices
+// it shows, none for the others. 0 or errno (and a sentence in *why).
+int sync_netns_view(const std::string& home, uint64_t netns_dev, uint64_t netns_ino, std::string* why);
+
+// Updates every view that exists under <home>/netns (device_up and
+// device_down call it, so a program that read SYSFS_PATH before sees a
+// device brought up or down later).
+void sync_netns_views(const std::string& home);
+
 // Names of the devices under `home` (those with a registry file).
 std::vector<std::string> list_devices(const std::string& home);
 

@@ -159,12 +159,33 @@ struct Env {
   std::vector<std::pair<std::string, std::string>> vars;
 };
 
+// The sysfs tree programs of this network namespace get: its view (the
+// InfiniBand devices of the home and the RoCE devices bound to interfaces of
+// this namespace, as the kernel's exclusive netns mode shows them), made or
+// updated now; with SHMRDMA_NETNS_MODE=shared the home's whole tree (every
+// device, as the kernel's shared mode).
+std::string sysfs_root(const std::string& home) {
+  const char* mode = std::getenv("SHMRDMA_NETNS_MODE");
+  if (mode && !std::strcmp(mode, "shared")) return home + "/sys";
+  if (mode && *mode && std::strcmp(mode, "exclusive"))
+    fmt::print(stderr, "shmrdma: SHMRDMA_NETNS_MODE={} is neither shared nor exclusive; using exclusive\n", mode);
+  uint64_t dev = 0, ino = 0;
+  std::string why;
+  if (int rc = shmrdma::current_netns(&dev, &ino); rc) {
+    why = std::string("cannot identify this network namespace: ") + std::strerror(rc);
+  } else if (shmrdma::sync_netns_view(home, dev, ino, &why) == 0) {
+    return shmrdma::netns_view_root(home, dev, ino);
+  }
+  fmt::print(stderr, "shmrdma: {}; programs see every device of {}\n", why, home);
+  return home + "/sys";
+}
+
 // What a program needs to use the devices under `home`: the state home and
 // the sysfs tree always; RDMAV_DRIVERS unless the driver file of a system
 // install already loads this plugin; the shim in LD_PRELOAD.
-Env environment(const std::string& home) {
+Env environment(const std::string& home, const std::string& sysfs) {
   Env e;
-  e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", home + "/sys"}};
+  e.vars = {{"SHMRDMA_HOME", home}, {"SYSFS_PATH", sysfs}};
   if (std::string drivers = plugin_dir() + "/libshmrdma"; !driver_file_loads(drivers)) {
     if (const char* old = std::getenv("RDMAV_DRIVERS"); old && *old) {
       std::string o = old;
@@ -408,7 +429,7 @@ int cmd_down(const std::string& home, const std::string& name, bool force) {
 }
 
 int cmd_env(const std::string& home) {
-  for (const auto& [k, v] : environment(home).vars) fmt::print("export {}={}\n", k, shell_quote(v));
+  for (const auto& [k, v] : environment(home, sysfs_root(home)).vars) fmt::print("export {}={}\n", k, shell_quote(v));
   return 0;
 }
 
@@ -416,15 +437,17 @@ int cmd_env(const std::string& home) {
 // directly (UCX's GID type detection, pyverbs' device/net) see our tree
 // there. In a private mount namespace (root only) /sys/class becomes a
 // tmpfs holding bind mounts of every original class directory, plus
-// infiniband and infiniband_verbs from the state home. Nothing outside the
-// program's own mount namespace changes.
-int private_sys(const std::string& home, std::string* why) {
+// infiniband and infiniband_verbs of `sysfs` (this namespace's view, whose
+// links point into the state home). Nothing outside the program's own mount
+// namespace changes.
+int private_sys(const std::string& home, const std::string& sysfs, std::string* why) {
   if (::geteuid() != 0) {
     *why = "--private-sys needs root (a private mount namespace)";
     return EPERM;
   }
-  const std::string ours = home + "/sys/class";
-  if (::access((ours + "/infiniband").c_str(), F_OK) != 0) {
+  const std::string ours = sysfs + "/class";
+  if (::access((home + "/sys/class/infiniband").c_str(), F_OK) != 0 ||
+      ::access((ours + "/infiniband").c_str(), F_OK) != 0) {
     *why = "no devices under " + home + " (shmrdma up first)";
     return ENOENT;
   }
@@ -474,11 +497,12 @@ int cmd_run(const std::string& home, std::vector<std::string> argv) {
     fmt::print(stderr, "shmrdma run: no program given (usage: shmrdma run [--private-sys] [--] PROGRAM [ARGS...])\n");
     return 2;
   }
-  if (std::string why; priv && private_sys(home, &why) != 0) {
+  const std::string sysfs = sysfs_root(home);
+  if (std::string why; priv && private_sys(home, sysfs, &why) != 0) {
     fmt::print(stderr, "shmrdma run: {}\n", why);
     return 126;
   }
-  for (const auto& [k, v] : environment(home).vars) ::setenv(k.c_str(), v.c_str(), 1);
+  for (const auto& [k, v] : environment(home, sysfs).vars) ::setenv(k.c_str(), v.c_str(), 1);
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);

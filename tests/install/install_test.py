@@ -133,7 +133,10 @@ def check_destdir():
         got["LD_PRELOAD"] = ":".join(preload)
         # RDMAV_DRIVERS even for a system install: a driver file names the
         # plugin at its final place, never this staged copy.
-        want = {"SHMRDMA_HOME": home, "SYSFS_PATH": home + "/sys", "LD_PRELOAD": staged(e["SHMRDMA_SHIM"]),
+        # SYSFS_PATH: the view of this network namespace (shmrdma(1), SYSFS_PATH).
+        ns = os.stat("/proc/self/ns/net")
+        view = f"{home}/netns/{ns.st_dev}-{ns.st_ino}"
+        want = {"SHMRDMA_HOME": home, "SYSFS_PATH": view, "LD_PRELOAD": staged(e["SHMRDMA_SHIM"]),
                 "RDMAV_DRIVERS": staged(provider)}
         if got != want:
             fail(f"installed shmrdma env printed {got}, expected {want}")

@@ -3,6 +3,7 @@
 // process and through the stock tools ibv_devinfo and ibv_devices.
 #include <endian.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <infiniband/verbs.h>
 
 #include <cstring>
@@ -207,7 +208,11 @@ TEST_F(StockTools, RunPassesArgumentsVerbatim) {
 TEST_F(StockTools, RunSetsTheEnvironment) {
   Result r = Home::get().shmrdma({"run", "--", "sh", "-c", "printf '%s|%s|%s' \"$SHMRDMA_HOME\" \"$SYSFS_PATH\" \"$RDMAV_DRIVERS\""});
   ASSERT_TRUE(r.ok()) << r.describe();
-  EXPECT_EQ(r.out, Home::get().path() + "|" + Home::get().path() + "/sys|" + harness::getenv_str("RDMAV_DRIVERS"));
+  // SYSFS_PATH: this network namespace's view of the home (st_dev-st_ino of /proc/self/ns/net).
+  struct stat ns{};
+  ASSERT_EQ(::stat("/proc/self/ns/net", &ns), 0);
+  const std::string view = Home::get().path() + "/netns/" + std::to_string(ns.st_dev) + "-" + std::to_string(ns.st_ino);
+  EXPECT_EQ(r.out, Home::get().path() + "|" + view + "|" + harness::getenv_str("RDMAV_DRIVERS"));
 }
 
 TEST_F(StockTools, RunWithoutProgramFails) {

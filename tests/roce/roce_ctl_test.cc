@@ -32,22 +32,17 @@
 #include <vector>
 
 #include "home.h"
+#include "netns.h"
 
 namespace {
 
 using harness::Child;
+using harness::contains;
 using harness::Result;
+// sysfs values without their newline.
+std::string slurp(const std::string& path) { return harness::slurp_trimmed(path); }
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s;
-}
 
 // The full form libibverbs parses from sysfs.
 std::string full_gid(const std::string& text) {
@@ -58,8 +53,6 @@ std::string full_gid(const std::string& text) {
                 g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]);
   return buf;
 }
-
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
 
 size_t count_of(const std::string& hay, const std::string& needle) {
   size_t n = 0;
@@ -77,95 +70,21 @@ long within(int ms, const std::function<bool()>& pred) {
   }
 }
 
-// Killed by meson's timeout (SIGTERM) or ^C, a test cannot reach TearDown:
-// the handler then becomes a shell that removes what the test made
-// (execve is async-signal-safe), so no namespace or daemon outlives it.
-char g_cleanup[4096];
-void on_fatal_signal(int) {
-  const char* argv[] = {"/bin/sh", "-c", g_cleanup, nullptr};
-  ::execv("/bin/sh", const_cast<char* const*>(argv));
-  ::_exit(1);
-}
-
-// A long-running child of the test (ibv_asyncwatch) is killed first.
-void cleanup_also_kills(pid_t pid) {
-  std::string c = "kill -9 " + std::to_string(pid) + "; " + g_cleanup;
-  std::snprintf(g_cleanup, sizeof g_cleanup, "%s", c.c_str());
-}
-
-class RoceCtl : public ::testing::Test {
+class RoceCtl : public harness::NetnsTest {
  protected:
+  RoceCtl() : NetnsTest({"rt", "rt", "198.18"}) {}
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "not root: the test makes network namespaces and veth interfaces";
-    if (!harness::run({"ip", "-V"}).ok()) GTEST_SKIP() << "the `ip` command (iproute2) is not installed";
-    bin_ = harness::getenv_str("SHMRDMA_BIN");
+    NetnsTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     probe_ = harness::getenv_str("ROCE_PROBE_BIN");
-    ASSERT_FALSE(bin_.empty() || probe_.empty()) << "meson passes SHMRDMA_BIN and ROCE_PROBE_BIN";
-    const std::string id = std::to_string(::getpid());
-    ns_a_ = "shmrdma-rt" + id + "a";
-    ns_b_ = "shmrdma-rt" + id + "b";
-    if_a_ = "rtA" + id;
-    if_b_ = "rtB" + id;
-    const int octet = static_cast<int>(::getpid() % 250) + 1;
-    net_ = "198.18." + std::to_string(octet) + ".";
-    char tmpl[] = "/tmp/shmrdma-roce-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
-    made_ = true;
-    std::snprintf(g_cleanup, sizeof g_cleanup,
-                  "for f in %s/daemon/*.pid; do [ -f \"$f\" ] && kill -9 $(cut -d' ' -f1 \"$f\"); done; "
-                  "for d in %s/devices/*; do [ -d \"$d\" ] || continue; n=$(basename \"$d\"); "
-                  "for ns in %s %s; do ip netns exec $ns %s --home %s down --force --name $n; done; "
-                  "%s --home %s down --force --name $n; done; "
-                  "ip netns del %s; ip netns del %s; rm -rf %s; exit 1",
-                  home_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), bin_.c_str(), home_.c_str(),
-                  bin_.c_str(), home_.c_str(), ns_a_.c_str(), ns_b_.c_str(), home_.c_str());
-    ::signal(SIGTERM, on_fatal_signal);
-    ::signal(SIGINT, on_fatal_signal);
-    ::signal(SIGPIPE, SIG_IGN);
-    ip({"netns", "add", ns_a_});
-    ip({"netns", "add", ns_b_});
-    ip({"link", "add", if_a_, "type", "veth", "peer", "name", if_b_});
-    ip({"link", "set", if_a_, "netns", ns_a_});
-    ip({"link", "set", if_b_, "netns", ns_b_});
-    ip({"-n", ns_a_, "addr", "add", net_ + "1/24", "dev", if_a_});
-    ip({"-n", ns_b_, "addr", "add", net_ + "2/24", "dev", if_b_});
-    ip({"-n", ns_a_, "link", "set", if_a_, "up"});
-    ip({"-n", ns_b_, "link", "set", if_b_, "up"});
-    ip({"-n", ns_a_, "link", "set", "lo", "up"});
-    ip({"-n", ns_b_, "link", "set", "lo", "up"});
-  }
-
-  void TearDown() override {
-    if (!made_) return;
-    ::signal(SIGTERM, SIG_DFL);
-    ::signal(SIGINT, SIG_DFL);
-    // Devices first (their device nodes live in the machine-wide /dev), from
-    // the namespace they were made in, then whatever daemon is left.
-    for (const auto& ns : {ns_a_, ns_b_, std::string()}) {
-      if (::access((home_ + "/devices").c_str(), F_OK) != 0) break;
-      for (const auto& e : fs::directory_iterator(home_ + "/devices"))
-        (void)shm(ns, {"down", "--force", "--name", e.path().filename().string()});
-    }
-    if (DIR* d = ::opendir((home_ + "/daemon").c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n.size() < 4 || n.substr(n.size() - 4) != ".pid") continue;
-        long pid = std::atol(slurp(home_ + "/daemon/" + n).c_str());
-        if (pid > 1) ::kill(static_cast<pid_t>(pid), SIGKILL);
-      }
-      ::closedir(d);
-    }
-    harness::run({"ip", "netns", "del", ns_a_});
-    harness::run({"ip", "netns", "del", ns_b_});
-    std::error_code ec;
-    fs::remove_all(home_, ec);
+    ASSERT_FALSE(probe_.empty()) << "meson passes ROCE_PROBE_BIN";
+    const harness::NetnsPair& n = net_pair_;
+    bin_ = n.bin, home_ = n.home, ns_a_ = n.ns_a, ns_b_ = n.ns_b, if_a_ = n.if_a, if_b_ = n.if_b, net_ = n.net;
   }
 
   void ip(std::vector<std::string> args) {
-    args.insert(args.begin(), "ip");
-    Result r = harness::run(args);
-    ASSERT_TRUE(r.ok()) << r.describe();
+    const std::string e = net_pair_.ip(std::move(args));
+    ASSERT_EQ(e, "");
   }
 
   std::vector<std::string> in_ns(const std::string& ns, std::vector<std::string> args) {
@@ -222,7 +141,6 @@ class RoceCtl : public ::testing::Test {
   }
 
   std::string bin_, probe_, home_, ns_a_, ns_b_, if_a_, if_b_, net_;
-  bool made_ = false;
 };
 
 TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
@@ -293,12 +211,50 @@ TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
     EXPECT_EQ(d["ports"][0]["gids"][1]["gid"], "::ffff:" + s.addr);
     EXPECT_EQ(d["ports"][0]["gids"][1]["type"], "RoCE v2");
   }
-  // Every device of the home is visible from each namespace; the IB one is still IB.
-  r = shm(ns_a_, {"run", "ibv_devices"});
-  ASSERT_TRUE(r.ok()) << r.describe();
-  for (const char* d : {"roceA", "roceB", "ibx0"}) EXPECT_TRUE(contains(r.out, d)) << r.out;
+  // Each namespace lists the InfiniBand device and its own RoCE device only
+  // (the kernel's exclusive netns mode), in libibverbs and in SYSFS_PATH;
+  // the host's namespace lists only the InfiniBand one; the IB one is still IB.
+  struct View {
+    std::string ns;
+    std::vector<std::string> listed, hidden;
+  };
+  for (const View& v : {View{ns_a_, {"roceA", "ibx0"}, {"roceB"}}, View{ns_b_, {"roceB", "ibx0"}, {"roceA"}},
+                        View{"", {"ibx0"}, {"roceA", "roceB"}}}) {
+    SCOPED_TRACE(v.ns.empty() ? "the host's namespace" : v.ns);
+    r = shm(v.ns, {"run", "ibv_devices"});
+    ASSERT_TRUE(r.ok()) << r.describe();
+    Result ls = shm(v.ns, {"run", "sh", "-c", "ls $SYSFS_PATH/class/infiniband; ls $SYSFS_PATH/class/infiniband_verbs"});
+    ASSERT_TRUE(ls.ok()) << ls.describe();
+    for (const auto& d : v.listed) {
+      EXPECT_TRUE(contains(r.out, d)) << r.out;
+      EXPECT_TRUE(contains(ls.out, d + "\n") && contains(ls.out, "shmrdma_" + d + "_")) << ls.out;
+    }
+    for (const auto& d : v.hidden) {
+      EXPECT_FALSE(contains(r.out, d)) << r.out;
+      EXPECT_FALSE(contains(ls.out, d)) << ls.out;
+    }
+  }
+  r = shm(ns_a_, {"run", "ibv_devinfo", "-d", "roceB"});
+  EXPECT_NE(r.exit_code, 0) << "roceB is not listed in " << ns_a_ << ": " << r.describe();
   r = shm(ns_a_, {"run", "ibv_devinfo", "-d", "ibx0"});
   EXPECT_TRUE(std::regex_search(r.out, std::regex("link_layer:\\s+InfiniBand"))) << r.out;
+  // A device brought up later shows in a view made before (a shell that
+  // took `shmrdma env` earlier), and goes when it goes down.
+  Result env = shm(ns_a_, {"env"});
+  ASSERT_TRUE(env.ok()) << env.describe();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(env.out, m, std::regex("export SYSFS_PATH='([^']+)'"))) << env.out;
+  const std::string view = m[1];
+  EXPECT_NE(view, home_ + "/sys") << "SYSFS_PATH is the home's whole tree";
+  ASSERT_TRUE(shm("", {"up", "--name", "ibx1"}).ok());
+  EXPECT_TRUE(fs::exists(view + "/class/infiniband/ibx1/node_guid")) << view;
+  ASSERT_TRUE(shm("", {"down", "--name", "ibx1"}).ok());
+  EXPECT_FALSE(fs::exists(view + "/class/infiniband/ibx1")) << view;
+  // SHMRDMA_NETNS_MODE=shared: every device of the home, as the kernel's shared mode.
+  r = harness::run(in_ns(ns_a_, {"env", "SHMRDMA_NETNS_MODE=shared", bin_, "--home", home_, "run", "ibv_devices"}));
+  ASSERT_TRUE(r.ok()) << r.describe();
+  for (const char* d : {"roceA", "roceB", "ibx0"}) EXPECT_TRUE(contains(r.out, d)) << r.out;
+  // status lists every device of the home (it is not the verbs view), saying whose namespace.
   EXPECT_EQ(device_json("", "roceB")["netdev"]["netns_is_ours"], false);
 }
 
@@ -363,7 +319,7 @@ TEST_F(RoceCtl, FollowsTheInterfaceWithinASecond) {
   up_a();
   Child watch;
   ASSERT_TRUE(watch.start(in_ns(ns_a_, {bin_, "--home", home_, "run", "ibv_asyncwatch", "-d", "roceA"}), harness::kDialog)) << watch.output();
-  cleanup_also_kills(watch.pid());
+  net_pair_.also_kill(watch.pid());
   ASSERT_TRUE(watch.wait_line("roceA: async event FD", 20000)) << watch.errors();
   auto events = [&](const std::string& what) {
     while (watch.read_line(20)) {
@@ -494,6 +450,11 @@ TEST_F(RoceCtl, PrivateSysShowsTheTreeWhereUcxLooks) {
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_EQ(r.out, "RoCE v2\n" + if_a_ + "\n1500\n");
   EXPECT_EQ(fs::exists("/sys/class/infiniband/roceA"), host_had) << "the host's /sys changed";
+  // The namespace's view there too: roceB of the other namespace is not listed.
+  ASSERT_TRUE(shm(ns_b_, {"up", "--name", "roceB", "--netdev", if_b_}).ok());
+  r = shm(ns_a_, {"run", "--private-sys", "ls", "/sys/class/infiniband"});
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(r.out, "roceA\n");
 }
 
 // One request to the daemon's socket; the reply line ("" when none).

@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
 """ucx_perftest (UCT level) over a RoCE device of shmrdma, server and client
-in two network namespaces (systest.RoceNet), each on its own device.
+in two network namespaces (systest.RoceNet).
+
+ucx_perftest's server takes the test's parameters from the client, the
+device name included: at the UCT level both processes open the client's
+device (roceA), so the server in the other namespace runs with
+SHMRDMA_NETNS_MODE=shared, which lists every device of the home there (as
+this tool needs the kernel's shared netns mode with rxe; in the default,
+exclusive view each namespace lists only its own RoCE device).
 
   ucxperf.py --tl ud_verbs --test am_lat --port 23331 [--size 8] [--iters 500]
              [--private-sys] [-- -D bcopy]
@@ -44,12 +51,13 @@ def main():
     with systest.RoceNet() as net:
         run = ["run", "--private-sys"] if a.private_sys else ["run"]
 
-        def side(dev, ns, extra):
+        def side(dev, ns, extra, env=()):
             # UCX_NET_DEVICES keeps UCX's own device scan to ours; -d names it for UCT.
-            return (["ip", "netns", "exec", ns, "env", f"UCX_NET_DEVICES={dev}:1", net.bin, "--home", net.path] +
+            return (["ip", "netns", "exec", ns, "env", f"UCX_NET_DEVICES={dev}:1", *env, net.bin, "--home", net.path] +
                     run + ["--", "ucx_perftest", "-d", f"{dev}:1"] + flags + extra)
 
-        net.server_argv = lambda _args: side(net.dev_b, net.ns_b, [])
+        # The server opens the device the client names (see above).
+        net.server_argv = lambda _args: side(net.dev_b, net.ns_b, [], ["SHMRDMA_NETNS_MODE=shared"])
         net.client_argv = lambda _args: side(net.dev_a, net.ns_a, [net.ADDR_B])
         r = systest.run_pair(net, [], [], a.port, timeout=a.timeout)
     print(r.client_out)

@@ -465,6 +465,53 @@ TEST_F(DeviceSetupTest, DownOfOneDeviceLeavesOthers) {
   EXPECT_EQ(list_devices(home_), std::vector<std::string>{b});
 }
 
+// Each network namespace's view (what `shmrdma run` gives as SYSFS_PATH)
+// links every InfiniBand device and the RoCE devices bound to that namespace
+// only; `up` and `down` keep the views that exist current.
+TEST_F(DeviceSetupTest, NetnsViewsListTheirNamespacesDevices) {
+  const std::string ib = fresh(), roce = fresh();
+  ASSERT_EQ(up(ib), 0);
+  RoceSpec spec;
+  spec.binding = layout::NetBinding{};
+  spec.binding.link_layer = layout::kLinkLayerEthernet;
+  spec.binding.gid_layout = layout::kGidLayoutRxe;
+  spec.binding.netns_dev = 3;
+  spec.binding.netns_ino = 4026530001;
+  spec.binding.ifindex = 7;
+  const uint8_t mac[6] = {0x02, 0, 0, 0, 0, 0x42};
+  std::memcpy(spec.binding.mac, mac, 6);
+  std::snprintf(spec.binding.ifname, sizeof spec.binding.ifname, "vethX");
+  UpResult r;
+  std::string why;
+  ASSERT_EQ(device_up(home_, roce, 0, &r, &why, &spec), 0) << why;
+  auto listed = [&](uint64_t dev, uint64_t ino) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(netns_view_root(home_, dev, ino) + "/class/infiniband"))
+      names.insert(e.path().filename().string());
+    return names;
+  };
+  ASSERT_EQ(sync_netns_view(home_, 3, 4026530001, &why), 0) << why;
+  ASSERT_EQ(sync_netns_view(home_, 3, 4026530002, &why), 0) << why;
+  EXPECT_EQ(listed(3, 4026530001), (std::set<std::string>{ib, roce}));
+  EXPECT_EQ(listed(3, 4026530002), std::set<std::string>{ib});
+  // The links lead to the live tree, uverbs entries included, as libibverbs reads it.
+  const std::string own = netns_view_root(home_, 3, 4026530001);
+  const DevicePaths pr = device_paths(home_, roce);
+  EXPECT_EQ(slurp(own + "/class/infiniband_verbs/abi_version"), "6");
+  EXPECT_EQ(slurp(own + "/class/infiniband_verbs/" + pr.uverbs_name + "/ibdev"), roce);
+  EXPECT_EQ(slurp(own + "/class/infiniband/" + roce + "/ports/1/link_layer"), "Ethernet");
+  EXPECT_FALSE(fs::exists(netns_view_root(home_, 3, 4026530002) + "/class/infiniband_verbs/" + pr.uverbs_name));
+  // A device that comes up shows in every view (IB), one that goes down leaves them.
+  const std::string ib2 = fresh();
+  ASSERT_EQ(up(ib2), 0);
+  EXPECT_EQ(listed(3, 4026530002), (std::set<std::string>{ib, ib2}));
+  ASSERT_EQ(device_down(home_, roce, true, &why), 0) << why;
+  EXPECT_EQ(listed(3, 4026530001), (std::set<std::string>{ib, ib2}));
+  std::error_code ec;
+  EXPECT_FALSE(fs::is_symlink(own + "/class/infiniband_verbs/" + pr.uverbs_name, ec)) << "a link to a device gone";
+  EXPECT_TRUE(visible_in_netns(layout::NetBinding{}, 1, 2)) << "an InfiniBand device is listed everywhere";
+}
+
 TEST_F(DeviceSetupTest, ListDevices) {
   EXPECT_TRUE(list_devices(home_).empty());
   EXPECT_TRUE(list_devices(home_ + "/missing").empty());
