@@ -86,20 +86,27 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
 
 Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 
-// Every this many empty polls of a CQ the poller yields its CPU
-// (sched_yield). A program that busy-polls for a peer's completion and the
-// peer that has to produce it may share one CPU (two vCPUs, other load):
-// without the yield each spins for a whole scheduler slice (~4 ms) before the
-// other runs, so every round trip costs milliseconds (fi_pingpong over
-// "verbs;ofi_rxm", rstream). 256 empty polls are some µs of
-// spinning; with nothing else runnable the yield returns at once (one
-// system call per 256 empty polls, none on polls that find completions).
-constexpr uint32_t kYieldEveryEmptyPolls = 256;
 
 // Whether the next completion looks ready (no lock; advisory).
 [[gnu::always_inline]] inline bool next_ready(const Cq* cq) {
   return cq->next_seq.load(std::memory_order_relaxed)->load(std::memory_order_relaxed) ==
          cq->next_pos.load(std::memory_order_relaxed) + 1;
+}
+
+// A busy poller gives its CPU away when its peer cannot be running. Two
+// processes that busy-poll for each other's completions (fi_pingpong over
+// "verbs;ofi_rxm", rstream, MPI) may share one CPU (two vCPUs and any other
+// load): each would then spin a whole scheduler slice (~4 ms) before the
+// other runs, and every round trip would cost milliseconds. So every 1024th
+// poll of a CQ (a poll the fast path sends to poll_slow anyway) yields when
+// no completion was taken since the previous such poll and none is ready:
+// after 1024-2047 empty polls in a row, some tens of µs of spinning. A poller
+// that keeps finding completions never yields, and an empty poll costs
+// nothing more. With nothing else runnable the yield returns at once.
+[[gnu::noinline]] void yield_if_starved(Cq* cq) {
+  const uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
+  if (pos == cq->yield_pos.load(std::memory_order_relaxed) && !next_ready(cq)) sched_yield();
+  cq->yield_pos.store(pos, std::memory_order_relaxed);
 }
 
 // An empty poll without the lock: true when no completion is ready. Every
@@ -109,7 +116,7 @@ constexpr uint32_t kYieldEveryEmptyPolls = 256;
   if (next_ready(cq)) return false;
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
-  if (__builtin_expect((n & (kYieldEveryEmptyPolls - 1)) == 0, 0)) sched_yield();
+  if (__builtin_expect((n & 1023) == 0, 0)) yield_if_starved(cq);
   return (n & 63) != 0;
 }
 
@@ -311,7 +318,8 @@ namespace {
 // producers).
 [[gnu::noinline]] int poll_slow(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
   core->progress_polled_slow(n);
-  if ((n & 1023) != 0 && !next_ready(cq)) return 0;
+  if ((n & 1023) == 0) yield_if_starved(cq);
+  else if (!next_ready(cq)) return 0;
   return poll_locked(cq, core, num_entries, wc);
 }
 
