@@ -401,7 +401,17 @@ static ssize_t cm_write(int fd, const void *buf, size_t len) {
   for (;;) {
     if (hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) {
       /* Wait until the channel has a token: an event is queued. */
-      const int nonblock = (get_fcntl()(fd, F_GETFL) & O_NONBLOCK) != 0;
+      const int fl = get_fcntl()(fd, F_GETFL);
+      if (fl < 0) {
+        /* Another thread closed the channel since this call began (rping's
+         * main thread destroys it while its CM thread comes back for the next
+         * event). A kernel reader that had entered its read() holds the file
+         * and waits for an event that will never come: do the same, rather
+         * than fail the call (which such programs take as fatal). */
+        for (;;)
+          if (poll(NULL, 0, -1) < 0) return -1; /* EINTR */
+      }
+      const int nonblock = (fl & O_NONBLOCK) != 0;
       struct pollfd p = {fd, POLLIN, 0};
       int n = poll(&p, 1, nonblock ? 0 : -1);
       if (n < 0) return -1; /* EINTR */
@@ -409,8 +419,9 @@ static ssize_t cm_write(int fd, const void *buf, size_t len) {
         errno = EAGAIN;
         return -1;
       }
-      if ((p.revents & (POLLHUP | POLLERR)) || !(p.revents & POLLIN)) {
-        /* The daemon went away (its end closed: POLLHUP, with POLLIN for the EOF): no event will ever come on this channel.
+      if ((p.revents & (POLLHUP | POLLERR | POLLNVAL)) || !(p.revents & POLLIN)) {
+        /* The daemon went away (its end closed: POLLHUP, with POLLIN for the EOF), or another thread closed the channel
+         * (POLLNVAL): no event will ever come on this channel.
          * Block as the contract says (connections already set up go on:
          * their QPs do not need the daemon), or EAGAIN under O_NONBLOCK. */
         if (nonblock) {
