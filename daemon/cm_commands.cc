@@ -609,9 +609,9 @@ void CmService::Impl::cmd_query(Channel& c, const std::vector<uint8_t>& in, uint
   }
 }
 
-// A GID of an active RoCE port of this namespace with the subnet prefix
-// (first 8 bytes) of dgid, as cma_resolve_ib_dev takes when none is dgid.
-bool CmService::Impl::ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]) {
+// Calls fn with the GID view of port 1 of each active RoCE device of this
+// namespace, in name order, until fn returns true; whether one did.
+bool CmService::Impl::for_each_ns_port(const std::function<bool(const PortNetView&)>& fn) {
   for (const std::string& n : list_devices(home)) {
     Registry reg;
     if (Registry::attach(device_paths(home, n), &reg) != 0) continue;
@@ -620,27 +620,29 @@ bool CmService::Impl::ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]) {
       continue;
     PortNetView v;
     if (reg.port_net_settled(1, &v) != 0 || v.state != IBV_PORT_ACTIVE) continue;
+    if (fn(v)) return true;
+  }
+  return false;
+}
+
+// A GID of an active RoCE port of this namespace with the subnet prefix
+// (first 8 bytes) of dgid, as cma_resolve_ib_dev takes when none is dgid.
+bool CmService::Impl::ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]) {
+  return for_each_ns_port([&](const PortNetView& v) {
     for (uint32_t i = 0; i < limits::kGidTableLen; ++i)
       if (v.valid(i) && !std::memcmp(v.gids[i].gid, dgid, 8)) {
         std::memcpy(sgid, v.gids[i].gid, 16);
         return true;
       }
-  }
-  return false;
+    return false;
+  });
 }
 
 // Loopback: the first active RoCE device of this namespace (in name
 // order), its first IPv4 GID (else its first non-link-local one), as the
 // kernel takes the first active port for a loopback destination.
 int CmService::Impl::loopback_source(Addr* s, bool gid0) {
-  for (const std::string& n : list_devices(home)) {
-    Registry reg;
-    if (Registry::attach(device_paths(home, n), &reg) != 0) continue;
-    const layout::NetBinding& b = reg.device().net;
-    if (b.link_layer != layout::kLinkLayerEthernet || b.netns_dev != paths.netns_dev || b.netns_ino != paths.netns_ino)
-      continue;
-    PortNetView v;
-    if (reg.port_net_settled(1, &v) != 0 || v.state != IBV_PORT_ACTIVE) continue;
+  const bool found = for_each_ns_port([&](const PortNetView& v) {
     int pick = gid0 && v.valid(0) ? 0 : -1;  // AF_IB loopback (cma_bind_loopback): GID 0
     for (uint32_t i = 0; i < limits::kGidTableLen && !(gid0 && pick == 0); ++i) {
       if (!v.valid(i) || v.gids[i].gid[0] == 0xfe) continue;
@@ -652,11 +654,11 @@ int CmService::Impl::loopback_source(Addr* s, bool gid0) {
       }
       if (pick < 0) pick = static_cast<int>(i);
     }
-    if (pick < 0) continue;
+    if (pick < 0) return false;
     std::memcpy(s->ip, v.gids[pick].gid, 16);
-    return 0;
-  }
-  return EADDRNOTAVAIL;
+    return true;
+  });
+  return found ? 0 : EADDRNOTAVAIL;
 }
 
 void CmService::Impl::cmd_connect(Channel& c, const std::vector<uint8_t>& in, ReplyOut* r) {

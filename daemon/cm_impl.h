@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -134,9 +135,7 @@ constexpr uint64_t kIbPsTcp = 0x0000000001060000ull, kIbPsUdp = 0x00000000011100
 
 // The kernel's rdma_addr_size: the sockaddr's length for its family, 0 for
 // a family RDMA CM does not take (AF_INET, AF_INET6, AF_IB only).
-inline size_t rdma_addr_size(const void* p) {
-  sa_family_t fam;
-  std::memcpy(&fam, p, sizeof fam);
+inline size_t addr_size_for(sa_family_t fam) {
   switch (fam) {
     case AF_INET:
       return sizeof(sockaddr_in);
@@ -147,6 +146,11 @@ inline size_t rdma_addr_size(const void* p) {
     default:
       return 0;
   }
+}
+inline size_t rdma_addr_size(const void* p) {
+  sa_family_t fam;
+  std::memcpy(&fam, p, sizeof fam);
+  return addr_size_for(fam);
 }
 
 // Parses the sockaddr the command carries (len: the room it has).
@@ -225,18 +229,7 @@ inline void store_addr(const Addr& a, void* slot, size_t len) {
 }
 
 // The size the kernel reports for an id's address (rdma_addr_size of it).
-inline uint16_t addr_size_of(const Addr& a) {
-  switch (a.family) {
-    case AF_INET:
-      return sizeof(sockaddr_in);
-    case AF_INET6:
-      return sizeof(sockaddr_in6);
-    case AF_IB:
-      return sizeof(sockaddr_ib);
-    default:
-      return 0;
-  }
-}
+inline uint16_t addr_size_of(const Addr& a) { return static_cast<uint16_t>(addr_size_for(a.family)); }
 
 // A path record as the kernel's RDMA CM holds it for an id on a RoCE port
 // (cma.c cma_resolve_iboe_route on the active side, cm.c
@@ -482,6 +475,7 @@ struct CmService::Impl {
   void token(Channel& c);
   int loopback_source(Addr* s, bool gid0 = false);
   bool ns_gid_like(const uint8_t dgid[16], uint8_t sgid[16]);
+  bool for_each_ns_port(const std::function<bool(const PortNetView&)>& fn);
 
   // The exchange.
   std::string peer_for(const uint8_t gid[16]);

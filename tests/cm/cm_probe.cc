@@ -583,22 +583,6 @@ int errors(const char* ip) {
   check(rdma_connect(id2, nullptr) != 0 && errno == EINVAL, "connect before the route: EINVAL");
 
   // Events and readiness: an address resolution queues ADDR_RESOLVED.
-  // The AF_IB wildcard as destination is loopback (cma_resolve_loopback):
-  // the first active port, its GID 0 both ways, the source ::1.
-  rdma_cm_id* lo = nullptr;
-  check(rdma_create_id(ch, &lo, nullptr, RDMA_PS_TCP) == 0, "an id for the AF_IB loopback");
-  sockaddr_storage zero = ib_wildcard(0);
-  check(rdma_resolve_addr(lo, nullptr, reinterpret_cast<sockaddr*>(&zero), 1000) == 0 &&
-            rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED,
-        "resolving the AF_IB wildcard: ADDR_RESOLVED");
-  rdma_ack_cm_event(ev);
-  const auto* los = reinterpret_cast<const sockaddr_ib*>(rdma_get_local_addr(lo));
-  // QUERY_GID copies AF_IB addresses as they are: the GIDs librdmacm sees are ::1 and the wildcard.
-  check(lo->verbs != nullptr && lo->port_num == 1 && los->sib_family == AF_IB &&
-            los->sib_addr.sib_addr32[3] == htobe32(1) && lo->route.addr.addr.ibaddr.sgid.raw[15] == 1 &&
-            lo->route.addr.addr.ibaddr.dgid.global.interface_id == 0,
-        "AF_IB loopback: a device and port, the source ::1");
-  rdma_destroy_id(lo);
   rdma_cm_id* id3 = nullptr;
   check(rdma_create_id(ch, &id3, nullptr, RDMA_PS_TCP) == 0, "a third id");
   sockaddr_storage dst = addr_of(ip, 18516);

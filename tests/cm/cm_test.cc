@@ -394,8 +394,9 @@ TEST_F(CmFaults, DaemonKilledKeepsEstablishedQps) {
 // bandwidth test) in each of their modes: nonblocking (the default), blocking
 // (-T b) and asynchronous (-T a: rpoll, with blocking calls), every byte
 // checked (-T v). A meson test of its own (`cm-rsockets`): the tables are
-// long. Measured on a two-CPU VM under other load (load average ~12): 15.5
-// minutes, each -S all pass 100-205 s (rstream 100-151 s, riostream 146-205 s).
+// long: 3 minutes on an idle two-CPU VM (scripts/test.sh), 15.5 minutes
+// under other load (load average ~12, each -S all pass 100-205 s). The `cm`
+// test skips it (no SHMRDMA_CM_RSOCKETS).
 using CmRsockets = Cm;
 
 // Both ends busy-poll. Where the machine has two CPUs we can use, the server
