@@ -105,11 +105,26 @@ class Cm : public harness::NetnsTest {
     }
     Result c = cl.wait(1000);
     Result r = s.wait(1000);
-    EXPECT_TRUE(c.ok()) << "client " << client[0] << ": " << c.describe();
+    EXPECT_TRUE(c.ok() || rping_teardown_race(client[0], c)) << "client " << client[0] << ": " << c.describe();
     if (!forever) {
-      EXPECT_TRUE(r.ok()) << "server " << server[0] << ": " << r.describe();
+      EXPECT_TRUE(r.ok() || rping_teardown_race(server[0], r)) << "server " << server[0] << ": " << r.describe();
     }
     return {r, c};
+  }
+
+  // Debian 12's rping (rdma-core 44) has a teardown race that upstream fixed in
+  // 2025 (rdma-core f3ae6534a, "rping: terminate CM event thread before
+  // exiting"): after the last event, main destroys the event channel while the
+  // CM thread comes back to rdma_get_cm_event, which then fails (EBADF) and
+  // the thread exits the process with 255, after a run that succeeded. It
+  // happens with the kernel's rdma_cm as well. Only that ending is forgiven:
+  // the DISCONNECT event was seen, and the EBADF line is the last output.
+  static bool rping_teardown_race(const std::string& prog, const Result& r) {
+    const std::string tail = "rdma_get_cm_event: Bad file descriptor\n";
+    const std::string& e = r.err.empty() ? r.out : r.err;
+    return prog == "rping" && r.started && !r.timed_out && r.exit_code == 255 &&
+           contains(e, "DISCONNECT EVENT...") && e.size() >= tail.size() &&
+           e.compare(e.size() - tail.size(), tail.size(), tail) == 0;
   }
 
   std::string port() { return std::to_string(20000 + (next_port_++) + (::getpid() % 1000) * 10); }
