@@ -44,7 +44,7 @@ echo "== TSan: every suite of our own programs (data path and events included)"
 # RoCE control-plane cases named here run stock ibv_devinfo / ibv_asyncwatch,
 # and the RDMA CM cases named here run stock librdmacm tools (cm_probe, ours,
 # runs here: the daemon's CM code under TSan).
-GTEST_FILTER='-StockTools.*:SrqMultiProcess.StockIbvSrqPingpong:*ud_deadpeer*:*ud_deadsender*:RoceCtl.DevicesInTwoNamespacesLookLikeRxe:RoceCtl.Mlx5LayoutHasV1V2Pairs:RoceCtl.FollowsTheInterfaceWithinASecond:RoceCtl.MoreAddressesThanTheTableHolds:CmStock.*:CmFaults.DaemonKilledKeepsEstablishedQps' \
+GTEST_FILTER='-StockTools.*:SrqMultiProcess.StockIbvSrqPingpong:*ud_deadpeer*:*ud_deadsender*:RoceCtl.DevicesInTwoNamespacesLookLikeRxe:RoceCtl.Mlx5LayoutHasV1V2Pairs:RoceCtl.FollowsTheInterfaceWithinASecond:RoceCtl.MoreAddressesThanTheTableHolds:CmStock.*:CmUcx.*:CmFaults.DaemonKilledKeepsEstablishedQps' \
 TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp" \
   run_suite build-tsan -Db_sanitize=thread -Db_lundef=false -Dsystem_tests=false
 echo "== release build (-O3, tests included): compiles without a warning"
