@@ -437,8 +437,11 @@ void expect_whole_table(const std::string& what, const std::string& out) {
                          "192k", "256k", "384k", "512k", "768k", "1m",   "1.5m", "2m",   "3m",   "4m",   "6m"};
   int missing = 0;
   for (const char* sz : sizes)
-    for (const char* kind : {"_lat ", "_bw "})
-      if (!contains(out, "\n" + std::string(sz) + kind)) ++missing;
+    for (const char* kind : {"_lat ", "_bw "}) {
+      std::string line = "\n";  // appended piece by piece: GCC 12 at -O3 warns (-Wrestrict) on "\n" + string + kind
+      line.append(sz).append(kind);
+      if (!contains(out, line)) ++missing;
+    }
   EXPECT_EQ(missing, 0) << what << ": " << missing << " of 66 table lines missing:\n" << out;
   EXPECT_FALSE(contains(out, "verification failed")) << what << ":\n" << out;
 }
