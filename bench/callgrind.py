@@ -77,12 +77,12 @@ def iters_args(kind: str, n: int) -> list[str]:
     return ["-n", str(n)] if kind == "perftest" else ["-n", str(n), "-w", "0"]
 
 
-def annotate(path: str) -> tuple[int, dict[str, int]]:
-    """Total Ir and the inclusive Ir of every function, from callgrind_annotate."""
-    r = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path], stdout=subprocess.PIPE,
+def annotate_rows(path: str, *opts: str) -> tuple[int, list[tuple[int, str]]]:
+    """callgrind_annotate's program total and its (Ir, what) rows, with opts."""
+    r = subprocess.run(["callgrind_annotate", *opts, "--threshold=100", path], stdout=subprocess.PIPE,
                        stderr=subprocess.DEVNULL, text=True, timeout=120)
     total = 0
-    funcs: dict[str, int] = {}
+    rows: list[tuple[int, str]] = []
     for line in r.stdout.splitlines():
         m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
         if not m:
@@ -92,7 +92,16 @@ def annotate(path: str) -> tuple[int, dict[str, int]]:
         if what.startswith("PROGRAM TOTALS"):
             total = v
         else:
-            funcs[what] = max(v, funcs.get(what, 0))
+            rows.append((v, what))
+    return total, rows
+
+
+def annotate(path: str) -> tuple[int, dict[str, int]]:
+    """Total Ir and the inclusive Ir of every function, from callgrind_annotate."""
+    total, rows = annotate_rows(path, "--inclusive=yes")
+    funcs: dict[str, int] = {}
+    for v, what in rows:
+        funcs[what] = max(v, funcs.get(what, 0))
     return total, funcs
 
 
@@ -200,19 +209,10 @@ def annotate_self(path: str) -> tuple[int, dict[str, int]]:
     """Total Ir and the exclusive Ir of every function, one row per function and source file its code
     came from (its own, and each header whose inline code the compiler put into it), as
     `function (file)`."""
-    r = subprocess.run(["callgrind_annotate", "--inclusive=no", "--auto=no", "--threshold=100", path],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
-    total = 0
+    total, rows = annotate_rows(path, "--inclusive=no", "--auto=no")
     funcs: dict[str, int] = {}
-    for line in r.stdout.splitlines():
-        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
-        if not m:
-            continue
-        v = int(m.group(1).replace(",", ""))
-        what = m.group(2)
-        if what.startswith("PROGRAM TOTALS"):
-            total = v
-        elif ":" in what.split("(")[0]:
+    for v, what in rows:
+        if ":" in what.split("(")[0]:
             fn = f"{short_name(what)} ({os.path.basename(what.split(':', 1)[0])})"
             funcs[fn] = funcs.get(fn, 0) + v
     return total, funcs
