@@ -468,20 +468,7 @@ TEST_P(Memory, PeerWriteAndReadSeeTheOwnersMemory) {
   // the CMA tier, which shares no pages).
   if (std::string(GetParam()) == "fork-neighbor") GTEST_SKIP() << "not reproducible under a sanitizer's allocator";
 #endif
-  auto& home = harness::Home::get();
-  std::string exe = harness::self_exe();
-  harness::Child owner, peer;
-  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner", "--scenario", GetParam()}), peer,
-                                  home.run_argv({exe, "--worker", "peer", "--scenario", GetParam()})))
-      << owner.output() << peer.output();
-  auto deadline = harness::Clock::now() + std::chrono::seconds(60);
-  harness::Result o = owner.wait(deadline);
-  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
-  std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
-  EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
-  EXPECT_TRUE(p.ok()) << "peer: " << p.describe();
-  nlohmann::json st = home.status();
-  for (const auto& d : st["devices"]) EXPECT_TRUE(d["processes"].empty()) << st.dump(2);
+  harness::run_worker_pair({"--scenario", GetParam()}, 60);
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Memory,

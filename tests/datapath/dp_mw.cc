@@ -523,21 +523,8 @@ int run_owner() {
 
 TEST(MemoryWindows, Type1Type2InvalidateAndErrors) {
   HARNESS_REQUIRE_DEVICE();
-  auto& home = harness::Home::get();
-  std::string exe = harness::self_exe();
-  harness::Child owner, peer;
-  ASSERT_TRUE(harness::start_pair(owner, home.run_argv({exe, "--worker", "owner"}), peer,
-                                  home.run_argv({exe, "--worker", "peer"})))
-      << owner.output() << peer.output();
-  auto deadline = harness::Clock::now() + std::chrono::seconds(90);
-  harness::Result o = owner.wait(deadline);
-  harness::Result p = peer.wait(std::min(deadline, harness::Clock::now() + std::chrono::seconds(10)));
-  std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
-  EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
+  harness::Result o = harness::run_worker_pair({}, 90);
   EXPECT_NE(o.out.find("OWNER done: 0 failure(s)"), std::string::npos) << o.out;
-  EXPECT_TRUE(p.ok()) << "peer: " << p.describe();
-  nlohmann::json st = home.status();
-  for (const auto& d : st["devices"]) EXPECT_TRUE(d["processes"].empty()) << st.dump(2);
 }
 
 }  // namespace

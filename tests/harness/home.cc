@@ -200,4 +200,26 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+Result run_worker_pair(const std::vector<std::string>& extra, int seconds) {
+  auto& home = Home::get();
+  const std::string exe = self_exe();
+  std::vector<std::string> owner_args = {exe, "--worker", "owner"}, peer_args = {exe, "--worker", "peer"};
+  owner_args.insert(owner_args.end(), extra.begin(), extra.end());
+  peer_args.insert(peer_args.end(), extra.begin(), extra.end());
+  Child owner, peer;
+  if (!start_pair(owner, home.run_argv(owner_args), peer, home.run_argv(peer_args))) {
+    ADD_FAILURE() << "the pair did not start: " << owner.output() << peer.output();
+    return Result{};
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(seconds);
+  Result o = owner.wait(deadline);
+  Result p = peer.wait(std::min(deadline, Clock::now() + std::chrono::seconds(10)));
+  std::printf("--- owner ---\n%s--- peer ---\n%s", o.out.c_str(), p.out.c_str());
+  EXPECT_TRUE(o.ok()) << "owner: " << o.describe();
+  EXPECT_TRUE(p.ok()) << "peer: " << p.describe();
+  nlohmann::json st = home.status();
+  for (const auto& d : st["devices"]) EXPECT_TRUE(d["processes"].empty()) << st.dump(2);
+  return o;
+}
+
 }  // namespace harness

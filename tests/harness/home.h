@@ -92,6 +92,13 @@ int run_tests_as_root(int argc, char** argv);
 // Words joined by single spaces.
 std::string join(const std::vector<std::string>& v);
 
+// Runs this test program's two workers as a pair under the home (`--worker
+// owner` and `--worker peer`, each followed by `extra`), waits up to
+// `seconds` for the owner and at most 10 s more for the peer, prints both
+// outputs, and expects both to exit 0 and no process to be left on any
+// device. Returns the owner's result (not started: the pair did not start).
+Result run_worker_pair(const std::vector<std::string>& extra, int seconds);
+
 }  // namespace harness
 
 // Registers the home of this test binary; once, at namespace scope.
