@@ -174,7 +174,9 @@ TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
     ASSERT_EQ(std::sscanf(mac.c_str(), "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]), 6);
     char guid[32], ll[64];
     std::snprintf(guid, sizeof guid, "0x%02x%02x%02xfffe%02x%02x%02x", m[0] ^ 2, m[1], m[2], m[3], m[4], m[5]);
-    std::snprintf(ll, sizeof ll, "fe80::%x:%xff:fe%02x:%x", ((m[0] ^ 2) << 8) | m[1], m[2], m[3], (m[4] << 8) | m[5]);
+    // Each 16-bit group printed as one number, as inet_ntop does (a MAC byte of 0 gives "ff", not "0ff").
+    std::snprintf(ll, sizeof ll, "fe80::%x:%x:%x:%x", ((m[0] ^ 2) << 8) | m[1], (m[2] << 8) | 0xff, 0xfe00 | m[3],
+                  (m[4] << 8) | m[5]);
     r = probe(s.ns, s.dev);
     ASSERT_TRUE(r.ok()) << r.describe();
     EXPECT_TRUE(contains(r.out, std::string("node_guid ") + guid)) << r.out;
