@@ -196,40 +196,54 @@ class LocalContext {
   // cq.cc. every: each call looks (ibv_poll_cq calls it once in 1024 polls),
   // else one in 16 (the locked empty polls of ibv_start_poll, one in 64).
   void skip_dead_push(const CqInfo& cq, bool every = false) noexcept;
-  // ibv_poll_cq's path: up to n completions from consumer position *pos,
-  // which the caller keeps privately (it is the single consumer: it
-  // serialises polls of the CQ), each converted from its ring slot straight
-  // into wc[i] (cqe_to_wc: every shared word read once). *pos moves on past
-  // what was taken; after a dead producer's slot was given up it is read
-  // back from the ring.
-  [[gnu::always_inline]] int poll_cq_wc(const CqInfo& cq, uint32_t* pos, int n, ibv_wc* wc) noexcept {
+  // ibv_poll_cq's path (and ibv_start_poll's, with ts): 1 to n completions
+  // from the cursor *pos, *slot (the header of pos's slot: Ring::
+  // slot_header), which the caller keeps privately (it is the single
+  // consumer: it serialises polls of the CQ), each taken by take_cqe. The
+  // cursor moves on past what was taken; after a dead producer's slot was
+  // given up it is read back from the ring.
+  [[gnu::always_inline]] int poll_cq_wc(const CqInfo& cq, uint32_t* pos, RingSlotHeader** slot, int n, ibv_wc* wc,
+                                        uint64_t* ts = nullptr) noexcept {
     const Ring& ring = cq.ring;
     uint32_t p = *pos;
+    RingSlotHeader* h = *slot;
     int got = 0;
-    while (got < n) {
-      RingSlotHeader* h = ring.slot_header(p);
+    do {
       if (!Ring::published_for(h, p)) {
-        if (got == 0) {
-          skip_dead_push(cq, true);
+        if (got == 0) [[unlikely]] {
+          // ibv_poll_cq comes here empty once in 1024 polls and looks each
+          // time; ibv_start_poll (ts) once in 64 empty polls, looking in 1 of 16.
+          skip_dead_push(cq, ts == nullptr);
           p = ring.consumer_position();
+          h = ring.slot_header(p);
         }
         break;
       }
-      ring.take_sc(p);
-      ibv_wc& w = wc[got];
-      const uint8_t tag = cqe_to_wc(reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes, &w);
-      // Before the release: flush_qp reads the ring, then this (see
-      // recv_completion_delivered). From the private copy just written.
-      if ((w.opcode & IBV_WC_RECV) && w.status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
-        const uint32_t qi = layout::qpn_index(w.qp_num);
-        if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
-      }
-      ring.release_sc(h, p);
+      take_cqe(ring, h, p, &wc[got], ts);
+      h = ring.next_header(h, p);
       ++p;
-      ++got;
-    }
+    } while (++got < n);
     *pos = p;
+    *slot = h;
     return got;
+  }
+  // Takes position p's slot h, found published for p (Ring::published_for):
+  // converts its CQE into *w (cqe_to_wc: every shared word read once; *ts
+  // its timestamp), notes a receive completion's take tag, and gives the
+  // slot back (Ring::release_sc). The single consumer's, like poll_cq_wc.
+  [[gnu::always_inline]] void take_cqe(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
+                                       uint64_t* ts = nullptr) noexcept {
+    const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
+    const uint8_t tag = cqe_to_wc(payload, w);
+    static_assert(offsetof(layout::Cqe, timestamp) == 6 * 8);
+    if (ts) *ts = __atomic_load_n(reinterpret_cast<const uint64_t*>(payload) + 6, __ATOMIC_RELAXED);
+    // Before the release: flush_qp reads the ring, then this (see
+    // recv_completion_delivered). From the private copy just written.
+    if ((w->opcode & IBV_WC_RECV) && w->status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
+      const uint32_t qi = layout::qpn_index(w->qp_num);
+      if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
+    }
+    ring.release_sc(h, p);
   }
   // One CQE from its ring slot (untrusted: each 8-byte word is read once)
   // into an ibv_wc, whose first 46 bytes have the Cqe's layout: enums,
@@ -237,20 +251,23 @@ class LocalContext {
   // CQE's take tag.
   static uint8_t cqe_to_wc(const std::byte* payload, ibv_wc* w) noexcept {
     const auto* q = reinterpret_cast<const uint64_t*>(payload);
-    const uint64_t w0 = __atomic_load_n(q + 0, __ATOMIC_RELAXED), w1 = __atomic_load_n(q + 1, __ATOMIC_RELAXED),
-                   w2 = __atomic_load_n(q + 2, __ATOMIC_RELAXED), w3 = __atomic_load_n(q + 3, __ATOMIC_RELAXED),
-                   w4 = __atomic_load_n(q + 4, __ATOMIC_RELAXED), w5 = __atomic_load_n(q + 5, __ATOMIC_RELAXED);
-    uint64_t status = static_cast<uint32_t>(w1);
-    if (status > IBV_WC_TM_RNDV_INCOMPLETE) status = IBV_WC_GENERAL_ERR;
     constexpr uint64_t kFlags = IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
                                 IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
     auto* out = reinterpret_cast<char*>(w);
+    // Word by word, each loaded, clamped and stored before the next one is
+    // loaded: few registers live, so the poll saves none.
+    auto get = [q](int i) { return __atomic_load_n(q + i, __ATOMIC_RELAXED); };
     auto put = [out](int i, uint64_t v) { std::memcpy(out + 8 * i, &v, 8); };
-    put(0, w0);
-    put(1, status | (w1 & (uint64_t{0xff} << 32)));                        // status, opcode (8 bits)
-    put(2, w2);                                                            // vendor_err, byte_len
-    put(3, w3 & ((uint64_t{limits::kQpnMask} << 32) | 0xffffffffu));       // imm_data, qp_num
-    put(4, (w4 & limits::kQpnMask) | (w4 & (kFlags << 32)));               // src_qp, wc_flags
+    put(0, get(0));
+    const uint64_t w1 = get(1);
+    uint64_t status = static_cast<uint32_t>(w1);
+    if (status > IBV_WC_TM_RNDV_INCOMPLETE) status = IBV_WC_GENERAL_ERR;
+    put(1, status | (w1 & (uint64_t{0xff} << 32)));                           // status, opcode (8 bits)
+    put(2, get(2));                                                            // vendor_err, byte_len
+    put(3, get(3) & ((uint64_t{limits::kQpnMask} << 32) | 0xffffffffu));      // imm_data, qp_num
+    const uint64_t w4 = get(4);
+    put(4, (w4 & limits::kQpnMask) | (w4 & (kFlags << 32)));                   // src_qp, wc_flags
+    const uint64_t w5 = get(5);
     put(5, w5 & 0x0000ff0fffffffffull);  // pkey_index, slid, sl (4 bits), dlid_path_bits; then padding
     return static_cast<uint8_t>(w5 >> 56);
   }

@@ -444,7 +444,9 @@ class Ring {
   // single consumer's own use; payloads are untrusted.
   template <typename F>
   void for_each_published(F&& f) const noexcept {
-    uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    // Acquire pairs with release_sc's store: slots before pos were released
+    // after what their consumer recorded.
+    uint32_t pos = shared_->consumer_pos.load(std::memory_order_acquire);
     for (uint32_t n = 0; n < capacity_; ++n, ++pos) {
       const RingSlotHeader* h = header(pos);
       if (h->seq.load(std::memory_order_acquire) != pos + 1) {
@@ -532,25 +534,30 @@ class Ring {
 
   // The single consumer's path without a handle (the CQ poller, which keeps
   // its position privately, so a peer that scribbles on consumer_pos cannot
-  // move it): the header of position pos's slot (the payload follows it),
-  // and whether it is published for pos. Taking it: consumer_pos is stored
-  // (for advisory readers and recovery), never read, then the payload is
-  // read, then the slot released; one address computation for all three.
+  // move it): a cursor of the position and its slot's header, formed once by
+  // slot_header and then moved along by next_header, so taking a slot
+  // computes no address. published_for says whether the slot is published
+  // for pos; the caller then reads the payload (untrusted) and gives the
+  // slot back with release_sc, which also stores consumer_pos (for advisory
+  // readers and recovery; it is never read back on this path).
   RingSlotHeader* slot_header(uint32_t pos) const noexcept { return header(pos); }
+  // header(pos + 1) from h == header(pos), without the multiplication: still
+  // inside the slot array, since the next slot is h + stride unless pos + 1
+  // wraps to slot 0.
+  RingSlotHeader* next_header(RingSlotHeader* h, uint32_t pos) const noexcept {
+    return ((pos + 1) & mask_) != 0 ? reinterpret_cast<RingSlotHeader*>(reinterpret_cast<std::byte*>(h) + stride_)
+                                    : reinterpret_cast<RingSlotHeader*>(slots_);
+  }
   static bool published_for(const RingSlotHeader* h, uint32_t pos) noexcept {
     return h->seq.load(std::memory_order_acquire) == pos + 1;  // A1 pairs with R1
   }
-  void take_sc(uint32_t pos) const noexcept {
-    shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);  // as in try_claim_sc
-  }
   void release_sc(RingSlotHeader* h, uint32_t pos) const noexcept {
     h->seq.store(pos + capacity_, std::memory_order_release);  // R2, as release()
+    // After the slot went back (release, free on x86): a reader that sees
+    // consumer_pos past pos (acquire, for_each_published) also sees what the
+    // consumer wrote before it gave the slot back (the CQ's take tags).
+    shared_->consumer_pos.store(pos + 1, std::memory_order_release);
   }
-
-  // The sequence word of position pos's slot, for a single consumer that
-  // watches it without the protocol (ready_at without the address
-  // arithmetic): ready when it reads pos + 1. Advisory.
-  const std::atomic<uint32_t>* seq_word(uint32_t pos) const noexcept { return &header(pos)->seq; }
 
   // Give a claimed slot back to producers.
   void release(RingHandle h) const noexcept {

@@ -21,30 +21,11 @@ static_assert(kWcSuccess == IBV_WC_SUCCESS && kWcWrFlushErr == IBV_WC_WR_FLUSH_E
 
 namespace {
 
-// The consumer position after a poll (caller holds poll_lock, or the CQ is
-// not handed out yet).
+// Points the consumer's cursor at position pos (caller holds poll_lock, or
+// the CQ is not handed out yet).
 void set_next(Cq* cq, uint32_t pos) {
-  cq->next_seq.store(cq->info.ring.seq_word(pos), std::memory_order_relaxed);
+  cq->next_slot.store(cq->info.ring.slot_header(pos), std::memory_order_relaxed);
   cq->next_pos.store(pos, std::memory_order_relaxed);
-}
-
-// Completions may come from peers: clamp what we hand to the application.
-void to_wc(const layout::Cqe& c, ibv_wc* w) {
-  *w = ibv_wc{};
-  w->wr_id = c.wr_id;
-  w->status = c.status <= IBV_WC_TM_RNDV_INCOMPLETE ? static_cast<ibv_wc_status>(c.status) : IBV_WC_GENERAL_ERR;
-  w->opcode = static_cast<ibv_wc_opcode>(c.opcode & 0xff);  // within the enum's range of values
-  w->vendor_err = c.vendor_err;
-  w->byte_len = c.byte_len;
-  w->imm_data = c.imm_data;
-  w->qp_num = c.qp_num & limits::kQpnMask;
-  w->src_qp = c.src_qp & limits::kQpnMask;
-  w->wc_flags = c.wc_flags & (IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV | IBV_WC_TM_SYNC_REQ |
-                              IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID);
-  w->pkey_index = c.pkey_index;
-  w->slid = c.slid;
-  w->sl = c.sl & 0xf;
-  w->dlid_path_bits = c.dlid_path_bits;
 }
 
 Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector, uint32_t flags) {
@@ -89,8 +70,19 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 
 // Whether the next completion looks ready (no lock; advisory).
 [[gnu::always_inline]] inline bool next_ready(const Cq* cq) {
-  return cq->next_seq.load(std::memory_order_relaxed)->load(std::memory_order_relaxed) ==
+  return cq->next_slot.load(std::memory_order_relaxed)->seq.load(std::memory_order_relaxed) ==
          cq->next_pos.load(std::memory_order_relaxed) + 1;
+}
+
+// Takes up to n completions from the cursor into wc (caller holds
+// poll_lock): LocalContext::poll_cq_wc, then the cursor is stored back.
+[[gnu::always_inline]] inline int take(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
+  uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
+  RingSlotHeader* slot = cq->next_slot.load(std::memory_order_relaxed);
+  const int done = core->poll_cq_wc(cq->info, &pos, &slot, n, wc, ts);
+  cq->next_slot.store(slot, std::memory_order_relaxed);
+  cq->next_pos.store(pos, std::memory_order_relaxed);
+  return done;
 }
 
 // A busy poller gives its CPU away when its peer cannot be running. Two
@@ -120,18 +112,16 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   return (n & 63) != 0;
 }
 
-// Pops the next completion into cq->cur (caller holds poll_lock).
+// Pops the next completion into cq->cur (caller holds poll_lock), with the
+// conversion of ibv_poll_cq.
 bool pop_one(Cq* cq) {
-  layout::Cqe c;
-  const int n = to_ctx(cq->vcq.cq.context)->core->poll_cq(cq->info, 1, &c);
-  set_next(cq, cq->info.ring.consumer_position());
-  if (n != 1) return false;
-  to_wc(c, &cq->cur);
+  uint64_t ts = 0;
+  if (take(cq, to_ctx(cq->vcq.cq.context)->core, 1, &cq->cur, &ts) != 1) return false;
   // Producers stamp when they push; two racing producers may land in the
   // ring in the other order. A completion is visible only after those
   // before it in the ring, so the later stamp bounds it: stamps stay
   // monotonic in the order they are polled.
-  cq->last_ts = std::max(cq->last_ts, c.timestamp);
+  cq->last_ts = std::max(cq->last_ts, ts);
   cq->cur_ts = cq->last_ts;
   cq->vcq.cq_ex.wr_id = cq->cur.wr_id;
   cq->vcq.cq_ex.status = cq->cur.status;
@@ -301,16 +291,44 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
 
 namespace {
 
+// poll_locked's general part, with poll_lock held and `got` completions
+// already in wc (and the cursor moved past them): up to num_entries in all,
+// or the empty poll's look for a dead producer when got is 0. Unlocks.
+[[gnu::noinline]] int poll_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int got) noexcept {
+  got += take(cq, core, num_entries - got, wc + got);
+  cq->poll_lock.unlock();
+  return got;
+}
+
+[[gnu::noinline]] int poll_contended(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  cq->poll_lock.lock();
+  return poll_rest(cq, core, num_entries, wc, 0);
+}
+
 // The locked part of poll_cq: something looked ready, or it is the 1024th
 // poll, which also watches for a dead producer in the core. Completions go
-// from their ring slots straight into the application's array.
+// from their ring slots straight into the application's array. The usual
+// case, one completion and then none ready, is straight-line code without
+// calls (no registers to save); anything else continues in poll_rest.
 [[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
   if (!wc) return -EINVAL;
-  std::lock_guard lk(cq->poll_lock);
+  if (!cq->poll_lock.try_lock()) [[unlikely]]
+    return poll_contended(cq, core, num_entries, wc);
   uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
-  const int done = core->poll_cq_wc(cq->info, &pos, num_entries, wc);
-  set_next(cq, pos);
-  return done;
+  RingSlotHeader* h = cq->next_slot.load(std::memory_order_relaxed);
+  if (!Ring::published_for(h, pos)) [[unlikely]]
+    return poll_rest(cq, core, num_entries, wc, 0);
+  const Ring& ring = cq->info.ring;
+  core->take_cqe(ring, h, pos, wc);
+  h = ring.next_header(h, pos);
+  ++pos;
+  cq->next_slot.store(h, std::memory_order_relaxed);
+  cq->next_pos.store(pos, std::memory_order_relaxed);
+  // ibv_poll_cq(3) returns every completion available up to num_entries.
+  if (num_entries > 1 && Ring::published_for(h, pos)) [[unlikely]]
+    return poll_rest(cq, core, num_entries, wc, 1);
+  cq->poll_lock.unlock();
+  return 1;
 }
 
 // poll_cq when the context has work (queued sends, a peer's error report)

@@ -58,14 +58,15 @@ struct Cq {
   std::atomic<uint32_t> yield_pos{0};
   // Where the next completion will be, written under poll_lock after every
   // poll (set_next in cq.cc): the consumer position, kept privately (an
-  // empty poll reads no shared index), and the sequence word of its slot,
-  // which reads next_pos + 1 once that slot is published. Read without the
-  // lock by the empty poll (advisory: a stale pair sends it to the locked
-  // poll, or misses a completion that the next poll finds). The word of a
-  // ring resize_cq replaced stays mapped (the context's heap) until the
-  // context closes.
+  // empty poll reads no shared index), and the header of its slot, whose
+  // sequence word reads next_pos + 1 once that slot is published. Read
+  // without the lock by the empty poll (advisory: a stale pair sends it to
+  // the locked poll, or misses a completion that the next poll finds); under
+  // the lock they are the consumer's cursor (LocalContext::poll_cq_wc). The
+  // slot of a ring resize_cq replaced stays mapped (the context's heap)
+  // until the context closes.
   std::atomic<uint32_t> next_pos{0};
-  std::atomic<const std::atomic<uint32_t>*> next_seq{nullptr};
+  std::atomic<RingSlotHeader*> next_slot{nullptr};
   ibv_pd* parent_domain = nullptr;  // ibv_create_cq_ex with IBV_CQ_INIT_ATTR_MASK_PD
 };
 
