@@ -310,8 +310,8 @@ namespace {
 // from their ring slots straight into the application's array. The usual
 // case, one completion and then none ready, is straight-line code without
 // calls (no registers to save); anything else continues in poll_rest.
-[[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
-  if (!wc) return -EINVAL;
+[[gnu::always_inline]] inline int poll_hit(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  if (!wc) [[unlikely]] return -EINVAL;
   if (!cq->poll_lock.try_lock()) [[unlikely]]
     return poll_contended(cq, core, num_entries, wc);
   uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
@@ -329,6 +329,10 @@ namespace {
     return poll_rest(cq, core, num_entries, wc, 1);
   cq->poll_lock.unlock();
   return 1;
+}
+
+[[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  return poll_hit(cq, core, num_entries, wc);
 }
 
 // poll_cq when the context has work (queued sends, a peer's error report)
@@ -349,7 +353,8 @@ namespace {
 
 }  // namespace
 
-// The empty poll stays in this small frame: the context's progress check
+// The empty poll stays in this small frame (and the usual poll that finds
+// one completion, poll_hit, inlined: it calls nothing either): the context's progress check
 // (context.h progress_idle, spaced by the CQ's poll count) and one look at
 // the next slot's sequence word. (wc is looked at only when there is
 // something to write into it: NULL with a completion ready is EINVAL.)
@@ -362,7 +367,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   if (!core->progress_idle(n)) [[unlikely]]
     return poll_slow(cq, core, n, num_entries, wc);
   if (!next_ready(cq)) return 0;
-  return poll_locked(cq, core, num_entries, wc);
+  return poll_hit(cq, core, num_entries, wc);
 }
 
 int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
