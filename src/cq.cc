@@ -425,6 +425,77 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
 
 // ------------------------------------------------------------- producers
 
+namespace {
+
+// Whether *cache holds the validated view of CQ entry e's ring in peer's
+// segment: the same mapping of the same context, and the ring at the same
+// offset with the same capacity (read once each here, after P1). A resize
+// allocates the new ring while the old one is still allocated, so a
+// different ring of the same capacity at the same offset has the same
+// geometry (the stride of every CQ is kCqeStride, the size follows from
+// both): the cached view is exactly its view. A peer that scribbles on its
+// own CqEntry can at most make its completions land in a ring its poller
+// does not read; the cached view stays inside the mapping it was validated
+// against.
+inline bool cache_holds(const RingCache* cache, const Peer& peer, const layout::CqEntry* e) noexcept {
+  return cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
+         cache->offset == e->ring_offset && cache->capacity == e->capacity;
+}
+
+enum class Fast { kFallback, kPushed, kArmed };
+
+// The common push, inline in push_cqe and push_peer_cqe: P1-P4 of the
+// producer protocol above, unchanged, for a push into live CQ entry e that
+// needs nothing more than their fast steps: no resize or destroy in
+// progress, the ring geometry the one the caller's cache validated, no
+// timestamp, a free slot at the first try. Anything else undoes P1 before
+// anything was written (kFallback) and the caller runs push_shared_cqe,
+// which does it all. P4 is the same fence and load; kArmed: the CQ is armed
+// for this CQE and the caller fires it (fire_notify).
+[[gnu::always_inline]] inline Fast push_fast(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                             RingCache* cache) noexcept {
+  e->producers.fetch_add(1, std::memory_order_seq_cst);  // P1
+  if (e->resizing.load(std::memory_order_seq_cst) != 0 || e->state.load(std::memory_order_seq_cst) != layout::kLive ||
+      (e->flags & layout::kCqTimestamp) || !cache_holds(cache, peer, e)) [[unlikely]] {
+    e->producers.fetch_sub(1, std::memory_order_release);
+    return Fast::kFallback;
+  }
+  const RingStatus st = cache->ring.try_push_cas(&cqe, sizeof cqe);  // P2
+  e->producers.fetch_sub(1, std::memory_order_release);              // P3
+  if (st != RingStatus::ok) [[unlikely]]
+    return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // P4, as in take_notify (pairs with the fence in arm_cq)
+  if (qualifies(e->notify.load(std::memory_order_relaxed), cqe)) [[unlikely]]
+    return Fast::kArmed;
+  return Fast::kPushed;
+}
+
+// P4 after a published push: takes the arming (take_notify) and writes the
+// event token, into our own channel (own: write_own(token), from our private
+// table) or the peer's; a token that cannot be written arms the CQ again.
+// True when this producer wrote the token.
+template <typename F>
+bool fire_notify(const Peer& peer, bool own, uint32_t cq_index, layout::CqEntry* e, const layout::Cqe& cqe,
+                 F&& write_own) noexcept {
+  const uint32_t mode = take_notify(e, cqe);
+  if (mode == layout::kNotifyNone) return false;
+  const uint64_t token = chan_token(ChanKind::kEvent, cq_index, e->generation);
+  const bool written = own ? write_own(token) : const_cast<Peer&>(peer).notify_channel(e->channel, token);
+  if (!written) rearm(e, mode);
+  return written;
+}
+
+// fire_notify's write_own for our own CQ cq_index: the channel's write end
+// is in our private tables (LocalContext::cqs_, chans_).
+template <typename Cqs, typename Chans>
+bool write_own_token(const Cqs& cqs, const Chans& chans, uint32_t cq_index, uint64_t token) noexcept {
+  const uint32_t ch = cqs[cq_index].channel;
+  const uint32_t n = chan_number(ch);
+  return ch != layout::kNoIndex && n < chans.size() && chans[n].live && write_channel_token(chans[n].write_fd, token);
+}
+
+}  // namespace
+
 LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
                                                  bool* fire, RingCache* cache) noexcept {
   *fire = false;
@@ -478,26 +549,24 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   }
   e->producers.fetch_sub(1, std::memory_order_release);  // P3
   if (r != Push::kOk) return r;
-  uint32_t mode = take_notify(e, cqe);  // P4
-  if (mode == layout::kNotifyNone) return r;
-  const uint64_t token = chan_token(ChanKind::kEvent, cq_index, e->generation);
-  bool written = false;
-  if (&peer == &self_peer_) {
-    // Our own CQ: the channel's write end is in our private table.
-    uint32_t ch = cqs_[cq_index].channel;
-    uint32_t n = chan_number(ch);
-    if (ch != layout::kNoIndex && n < chans_.size() && chans_[n].live)
-      written = write_channel_token(chans_[n].write_fd, token);
-  } else {
-    written = const_cast<Peer&>(peer).notify_channel(e->channel, token);
-  }
-  if (!written) rearm(e, mode);
-  *fire = written;
+  auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
+  *fire = fire_notify(peer, &peer == &self_peer_, cq_index, e, cqe, own);  // P4
   return r;
 }
 
 bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
+  layout::CqEntry* e = self_peer_.cq(cq_index);
+  if (e && e->state.load(std::memory_order_acquire) == layout::kLive) [[likely]] {  // A1 pairs with R1
+    const Fast f = push_fast(self_peer_, e, cqe, cache);
+    if (f == Fast::kPushed) [[likely]]
+      return true;
+    if (f == Fast::kArmed) {
+      auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
+      (void)fire_notify(self_peer_, true, cq_index, e, cqe, own);
+      return true;
+    }
+  }
   bool fired = false;
   Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
@@ -513,10 +582,20 @@ bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache
 
 bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
                                  RingCache* cache) noexcept {
+  layout::CqEntry* e = peer.cq(cq_index);
+  if (e && e->state.load(std::memory_order_acquire) == layout::kLive) [[likely]] {  // A1 pairs with R1
+    const Fast f = push_fast(peer, e, cqe, cache);
+    if (f == Fast::kPushed) [[likely]]
+      return true;
+    if (f == Fast::kArmed) {
+      auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
+      (void)fire_notify(peer, &peer == &self_peer_, cq_index, e, cqe, own);
+      return true;
+    }
+  }
   bool fired = false;
   Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
-  layout::CqEntry* e = peer.cq(cq_index);
   if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
     const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
   return false;

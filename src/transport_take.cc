@@ -415,7 +415,26 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kResponderError;
   };
 
-  if (opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
+  // The common SEND: one source buffer, no GRH, the first receive buffer
+  // holds it all, its lkey answered by the QP's cache (remote_hit) and
+  // reachable with memcpy: moved straight (up to 16 bytes inline), with the
+  // same checks the general scatter below makes. Anything else (a cache
+  // miss, CMA, several buffers) goes that way from the start: nothing has
+  // been written yet. (The general scatter asks resolve_remote alone, which
+  // answers from the same cache, so remote_hit stays inline here.)
+  Remote fast;
+  if (opcode != IBV_WR_RDMA_WRITE_WITH_IMM && rn != 0 && nlocal == 1 && !grh && total != 0 && local[0].len == total &&
+      rsge[0].length >= total && !qp->local_odp &&
+      remote_hit(qp, rpeer, rsge[0].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[0].addr, total, &fast) &&
+      fast.local) {
+    if (!move_out_small(fast.local, local[0].base, total)) {
+      const IoVec remote{fast.local, total};
+      if (int rc = move_out(rpeer.pid, true, local, 1, &remote, 1, false)) {
+        if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
+        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
+      }
+    }
+  } else if (opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
     // Scatter into the receive buffers, checked against the target's MRs.
     IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
     uint32_t nremote = 0;
@@ -425,8 +444,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       uint64_t take = std::min<uint64_t>(rsge[k].length, need);
       if (take == 0) continue;
       Remote r;
-      if (!remote_hit(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r) &&
-          !resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
+      if (!resolve_remote(qp, rpeer, rsge[k].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[k].addr, take, &r))
         return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
       direct_iov[nremote] = {r.local, take};
       host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
