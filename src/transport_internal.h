@@ -120,9 +120,8 @@ inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, boo
     return false;
   const Qp::MrSnapshot& sn = rc.snap;
   if (sn.pd != pd || (sn.access & need) != need || (sn.access & kAccessOnDemand)) return false;
-  const uint64_t off = addr - sn.iova;  // wraps (and fails) below iova
-  if (off > sn.length || len > sn.length - off) return false;
-  const uint64_t host = sn.host + off;
+  if (addr < sn.iova || len > sn.length || addr - sn.iova > sn.length - len) return false;  // any untrusted length
+  const uint64_t host = sn.host + (addr - sn.iova);
   out->host = host;
   out->odp = false;
   if (peer.self_process) {

@@ -171,7 +171,7 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
           [[unlikely]]
         return Exec::kNotHandled;
       const MrState& m = mrs_[i];
-      const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova
+      const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
       if (m.fast_match != (qp->pd_match | g.lkey) || off > m.length || len > m.length - off) [[unlikely]]
         return Exec::kNotHandled;
       local[0] = {reinterpret_cast<void*>(m.addr + off), len};
