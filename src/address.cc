@@ -65,6 +65,7 @@ void LocalContext::resolve_address(const AddressVector& av, Resolved* r) noexcep
 }
 
 void LocalContext::set_destination(Qp* qp, const Resolved& r) noexcept {
+  qp->tgt = Qp::TargetCache{};  // post_send checks the target in full again (transport_post.cc)
   qp->peer_dev = r.dev;
   qp->peer_port = r.port;
   qp->path_by_gid = r.by_gid;
@@ -102,6 +103,7 @@ bool LocalContext::resolve_path(Qp* qp, bool now) noexcept {
   set_destination(qp, r);
   // Published for peers that check whether we are connected to them.
   qp->shared->dest_device = r.dev ? r.dev->home_id : 0;
+  layout::bump_version(qp->shared);  // initiators check our entry in full again (QpEntry::version)
   return r.dev != nullptr;
 }
 

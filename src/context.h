@@ -336,6 +336,11 @@ class LocalContext {
   // when anything was queued or failed.
   using GeneralPost = int (*)(void* arg, const ibv_send_wr* wr) noexcept;
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general, void* arg) noexcept;
+  // post_send's WR that execute_fast did not finish (transport_post.cc).
+  [[gnu::noinline]] void queue_locked(Qp* qp, const ibv_send_wr& wr, uint64_t total, bool inl, bool failed,
+                                      uint32_t status) noexcept;
+  [[gnu::noinline, gnu::cold]] int post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** bad_wr,
+                                                 GeneralPost general, void* arg) noexcept;
   void progress(Qp* qp) noexcept;
   // Progress for every QP with queued work, and flushes of QPs a peer moved
   // to the error state. Called by poll_cq on every poll: inline, and when
@@ -485,7 +490,14 @@ class LocalContext {
     uint32_t kind = layout::kKindMr;
     uint32_t mw_key = 0;
     uint32_t mw_mr = layout::kNoIndex;
+    // post_send's one-word check of an SGE's MR (mr_fast_match): set while
+    // this is a live MR (not a window) that is not on-demand, else 0.
+    uint64_t fast_match = 0;
   };
+  // What MrState::fast_match holds for an SGE with `lkey` posted on a QP of PD `pd`.
+  static constexpr uint64_t mr_fast_match(uint32_t pd, uint32_t lkey) noexcept {
+    return uint64_t{1} << 63 | uint64_t{pd & 0x7fffffff} << 32 | lkey;
+  }
   struct IndState { bool live = false; std::vector<uint32_t> wqs; uint64_t list_off = 0, list_bytes = 0; };
 
   layout::ContextHeader* header() const noexcept { return static_cast<layout::ContextHeader*>(map_.base()); }
@@ -525,6 +537,9 @@ class LocalContext {
   // cache. kNotHandled: nothing happened (the general path waits, resolves
   // and fails); kError: it failed after it reached the target (*status).
   Exec execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len, bool inl, uint32_t* status) noexcept;
+  // execute_fast's full check of the target entry when its version moved
+  // (Qp::tgt); nullptr: the general path decides.
+  [[gnu::noinline]] layout::QpEntry* check_target(Qp* qp, const Peer& peer) noexcept;
   // resolve_remote's answer from the QP's cache of the last MR it resolved
   // (an MR, not a window, whose entry is live with the seqlock value it had),
   // with the same checks on the cached copy; false on a miss or anything the

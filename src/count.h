@@ -83,19 +83,18 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
 
 // post_send's fast path (execute_fast): an RC/UC WRITE, WRITE_WITH_IMM,
 // SEND or SEND_WITH_IMM of len bytes executed; what sent() counts for them.
+// sent_rc_slow (counters.cc) finds the groups and keeps them in QpCounting.
+void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
 inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   const QpCounting& q = qp->cnt;
-  if (!q.rec) return;
-  const uint64_t pkts = len ? ((len - 1) >> q.mtu_shift) + 1 : 1;
-  std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port);
-  if (!l) return;
+  std::atomic<uint64_t>* l = q.fast_local;
+  if (!l || qp->peer_dev != q.rdev) [[unlikely]]
+    return sent_rc_slow(k, qp, op, len);
+  std::atomic<uint64_t>* r = q.fast_remote;
+  const uint64_t pkts = ((len - (len != 0)) >> q.mtu_shift) + 1;  // at least 1
   bump(l[layout::kCntXmitPkts], pkts);
   bump(l[layout::kCntXmitBytes], len);
   if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) bump(l[layout::kCntRdmaSends], 1);
-  if (qp->peer_dev != q.rdev) [[unlikely]]
-    relabel(qp);
-  std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag);
-  if (!r) return;
   bump(r[layout::kCntRcvPkts], pkts);
   bump(r[layout::kCntRcvBytes], len);
 }

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 12;
+inline constexpr uint32_t kLayoutVersion = 13;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -513,12 +513,22 @@ struct QpEntry {
   // the initiator. Apart from the receive record, which initiators write on
   // every delivery, so that the owner's reads do not pull that line away.
   alignas(64) std::atomic<uint32_t> initiator_waiting;
-  uint32_t reserved_line2[15];
+  // Bumped (release) by the owner after every change an initiator's checks
+  // depend on: each modify_qp, the error states, destroy (and so reuse of
+  // the slot; create leaves it as it is). An initiator that checked the
+  // entry in full after reading version v (acquire) may skip those checks
+  // while it still reads v (transport_post.cc execute_fast). Never reset.
+  std::atomic<uint32_t> version;
+  uint32_t reserved_line2[14];
 };
 static_assert(sizeof(QpEntry) == 192);
 static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiator_waiting) == 128);
+static_assert(offsetof(QpEntry, version) / kCacheLine == 2,
+              "apart from the take record: a WRITE's check reads a line only RNR waits write");
 static_assert(offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_pos) / kCacheLine,
               "the take record is one cache line: the holder's announcements cost no extra line transfer");
+// The owner's bump of QpEntry::version (after the change it publishes).
+inline void bump_version(QpEntry* e) noexcept { e->version.fetch_add(1, std::memory_order_release); }
 inline constexpr uint32_t kTakeIdle = 0, kTakeReserved = 1, kTakeCompleting = 2, kTakeTaken = 3, kTakeMask = 3;
 
 struct SrqEntry {

@@ -113,6 +113,7 @@ int LocalContext::create_mr(uint32_t pd, uint64_t addr, uint64_t length, uint64_
   s.kind = layout::kKindMr;
   s.lkey = (i << 16) | random_tag();
   s.rkey = (i << 16) | random_tag();
+  s.fast_match = (access & kAccessOnDemand) ? 0 : mr_fast_match(pd, s.lkey);
   auto* e = table<layout::MrEntry>(layout_.mr_table) + i;
   SharedRegion region;
   uint16_t why = layout::kTierWhyOdp;  // on-demand paging: CMA only (unmapped pages are access errors)
@@ -188,6 +189,7 @@ int LocalContext::rereg_mr(uint32_t index, uint32_t flags, uint32_t pd, uint64_t
     pds_[mrs_[index].pd].refs -= 1;
     pds_[next.pd].refs += 1;
   }
+  next.fast_match = (next.access & kAccessOnDemand) ? 0 : mr_fast_match(next.pd, next.lkey);
   mrs_[index] = next;
   *out = MrInfo{index, next.lkey, next.rkey};
   return 0;

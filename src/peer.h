@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +37,13 @@ struct RingCache {
   Ring ring;
 };
 
+// A number no other Peer object of this process has had (never 0): caches
+// keyed by it cannot mistake a new Peer at a freed one's address for it.
+inline uint64_t next_peer_stamp() noexcept {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 struct Peer {
   Peer() = default;
   Peer(const Peer&) = delete;
@@ -48,6 +56,7 @@ struct Peer {
   uint32_t home_id = 0;          // device's DeviceRecord::home_id
   uint32_t slot = 0;
   uint32_t generation = 0;
+  const uint64_t stamp = next_peer_stamp();  // this object's identity (next_peer_stamp)
   pid_t pid = 0;
   uint64_t start_time = 0;
   bool self_process = false;  // the peer lives in this process: plain memcpy

@@ -108,6 +108,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   qp->qpn = qpn;
   qp->qp_type = a.qp_type;
   qp->pd = pd;
+  qp->pd_match = mr_fast_match(pd, 0);
   qp->send_cq = send_cq;
   qp->recv_cq = recv_cq;
   qp->srq = a.srq;
@@ -183,6 +184,7 @@ int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
   if (qp->sq_pending.load(std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
   qp->shared->qp_state.store(IBV_QPS_RESET, std::memory_order_release);
   qp->shared->state.store(layout::kFree, std::memory_order_release);
+  layout::bump_version(qp->shared);  // and so its reuse: initiators that cached it check again
   if (qp->rq_bytes) heap_free(qp->rq_off, qp->rq_bytes);
   if (qp->pd < pds_.size() && pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
   if (qp->send_cq < cqs_.size() && cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;

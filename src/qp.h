@@ -124,20 +124,26 @@ struct SendWr {
 class SpinLock {
  public:
   void lock() noexcept {
+    if (!flag_.exchange(true, std::memory_order_acquire)) [[likely]]  // pairs with unlock's release
+      return;
+    lock_contended();
+  }
+  bool try_lock() noexcept { return !flag_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  // Out of line: its loop and call would cost every holder registers.
+  [[gnu::noinline, gnu::cold]] void lock_contended() noexcept {
     for (;;) {
-      if (!flag_.exchange(true, std::memory_order_acquire)) return;  // pairs with unlock's release
       for (unsigned spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
         if (spins < 128)
           __builtin_ia32_pause();
         else
           sched_yield();
       }
+      if (!flag_.exchange(true, std::memory_order_acquire)) return;
     }
   }
-  bool try_lock() noexcept { return !flag_.exchange(true, std::memory_order_acquire); }
-  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
-
- private:
   std::atomic<bool> flag_{false};
 };
 
@@ -171,6 +177,7 @@ struct Qp {
   uint32_t qpn = 0;
   uint32_t qp_type = IBV_QPT_RC;
   uint32_t pd = 0;
+  uint64_t pd_match = 0;  // LocalContext::mr_fast_match(pd, 0): post_send ORs in the SGE's lkey
   uint32_t send_cq = 0;
   uint32_t recv_cq = 0;
   uint32_t srq = layout::kNoIndex;
@@ -228,6 +235,18 @@ struct Qp {
   bool ud_av_valid = false;
   std::shared_ptr<Peer> peer;
   uint32_t remote_index = 0;
+  // The target QP entry as execute_fast last checked it in full (under
+  // sq_lock): the peer (its stamp), the entry, the entry's version read
+  // before the check, and the two fields a WRITE uses. While the peer and
+  // the version are the same, the checks hold (layout.h QpEntry::version).
+  // tgt_entry nullptr: nothing checked.
+  struct TargetCache {
+    uint64_t peer_stamp = 0;
+    layout::QpEntry* entry = nullptr;
+    uint32_t version = 0;
+    uint32_t access = 0, pd = 0;
+  };
+  TargetCache tgt;
   std::shared_ptr<Peer> xrc_peer;  // XRC_SEND: the owner of the SRQ named last
 
   bool mcast_attached = false;  // attached to a multicast group at some point
@@ -261,6 +280,7 @@ struct Qp {
     uint32_t key = 0;
     bool rkey = false;
     uint32_t peer_slot = 0, peer_generation = 0, peer_home = 0;
+    uint64_t peer_stamp = 0;  // Peer::stamp of that peer (0: empty): remote_hit's one-word tag
     uint32_t gen = 1;  // odd: matches no stable seqlock value
     MrSnapshot snap;
     std::shared_ptr<PeerMapping> map;
@@ -292,6 +312,7 @@ struct Qp {
     busy_claim_pos = 0;
     peer.reset();
     remote_index = 0;
+    tgt = TargetCache{};
     xrc_peer.reset();
     map_cache = {};
     rkey_cache = RemoteKeyCache{};

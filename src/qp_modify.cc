@@ -223,6 +223,12 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   }
 
   // Apply.
+  {
+    // The target post_send checked goes with whatever changes here (the
+    // destination, the path): checked in full again (Qp::tgt).
+    std::lock_guard sq(qp->sq_lock);
+    qp->tgt = Qp::TargetCache{};
+  }
   QpAttr& s = qp->attr;
   if (mask & IBV_QP_PORT) s.port_num = a.port_num;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a.pkey_index;
@@ -265,6 +271,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     (void)resolve_path(qp, true);
     qp->peer = peer_of(qp->peer_dev, s.dest_qp_num);
     qp->remote_index = layout::qpn_index(s.dest_qp_num);
+    qp->tgt = Qp::TargetCache{};  // another target: checked in full again
   }
   if (next == IBV_QPS_RESET) {
     // Everything posted is discarded; the QP starts over.
@@ -294,6 +301,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
   // Publish the new state last (release): a peer that sees it sees the
   // connection fields written above.
   e->qp_state.store(next, std::memory_order_release);
+  layout::bump_version(e);  // initiators check this entry in full again (QpEntry::version)
   if (next == IBV_QPS_ERR) {
     std::lock_guard sq(qp->sq_lock);
     flush_qp(qp);

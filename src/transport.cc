@@ -111,6 +111,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
       rc.peer_slot = peer.slot;
       rc.peer_generation = peer.generation;
       rc.peer_home = peer.home_id;
+      rc.peer_stamp = peer.stamp;
       rc.gen = g;
       rc.snap = sn;
       rc.map.reset();

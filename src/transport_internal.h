@@ -109,17 +109,18 @@ namespace shmrdma {
 inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need,
                                      uint64_t addr, uint64_t len, Remote* out) const noexcept {
   // Each cache holds keys of one kind (resolve_remote), so rc.rkey == rkey.
+  // The tag is the key and the peer object's stamp (Peer::stamp, never 0;
+  // an empty cache has 0): the same key of the same peer names the same
+  // entry (peer.mr(key_index(key)), the one resolve_remote cached).
   const Qp::RemoteKeyCache& rc = rkey ? qp->rkey_cache : qp->recv_key_cache;
-  layout::MrEntry* e = peer.mr(layout::key_index(key));
-  if (rc.entry != e || !e || rc.key != key || rc.peer_slot != peer.slot ||
-      rc.peer_generation != peer.generation || rc.peer_home != peer.home_id)
-    return false;
+  if (rc.key != key || rc.peer_stamp != peer.stamp) return false;
+  auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
   if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
       std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
     return false;
   const Qp::MrSnapshot& sn = rc.snap;
   if (sn.pd != pd || (sn.access & need) != need || (sn.access & kAccessOnDemand)) return false;
-  if (addr < sn.iova || len > sn.length || addr - sn.iova > sn.length - len) return false;
+  if (addr < sn.iova || len > sn.length || addr - sn.iova > sn.length - len) return false;  // any untrusted length
   const uint64_t host = sn.host + (addr - sn.iova);
   out->host = host;
   out->odp = false;

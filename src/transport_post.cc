@@ -106,6 +106,28 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   return 0;
 }
 
+// execute_fast's full check of the target QP entry, each field read once,
+// after its version (acquire, pairs with the owner's bump after a change):
+// live, the QPN and type we connected to, RTR, RTS, SQD or SQE (consecutive
+// values), connected to us on our device. On success the QP keeps the
+// version and what a WRITE reads (Qp::tgt). Caller holds qp->sq_lock.
+layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
+  qp->tgt = Qp::TargetCache{};
+  // The peer is the one our destination names (else the general path finds it).
+  if (peer.slot != layout::qpn_slot(qp->attr.dest_qp_num) || peer.device != qp->peer_dev) return nullptr;
+  layout::QpEntry* t = peer.qp(qp->remote_index);
+  if (!t) return nullptr;
+  const uint32_t v = t->version.load(std::memory_order_acquire);
+  if (t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != qp->attr.dest_qp_num ||
+      t->qp_type != qp->qp_type)
+    return nullptr;
+  const uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
+  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || t->dest_qpn != qp->qpn || t->dest_device != dir_.self_id())
+    return nullptr;
+  qp->tgt = Qp::TargetCache{peer.stamp, t, v, t->access, t->pd_index};
+  return t;
+}
+
 // post_send's fast path (context.h execute_fast). The same checks as
 // execute, in the same order, each on one read of the untrusted entry; any
 // that does not pass, and any cache that misses, hands the WQE to the
@@ -115,22 +137,26 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
                                                                             bool inl, uint32_t* status) noexcept {
   const QpAttr& a = qp->attr;
   Peer* pp = qp->peer.get();
-  if (!pp || pp->slot != layout::qpn_slot(a.dest_qp_num) || pp->device != qp->peer_dev) [[unlikely]]
+  if (!pp) [[unlikely]]
     return Exec::kNotHandled;
   if (qp->path_by_gid && !destination_holds(qp)) return Exec::kNotHandled;
   Peer& peer = *pp;
-  layout::QpEntry* t = peer.qp(qp->remote_index);
-  if (!t || t->state.load(std::memory_order_acquire) != layout::kLive || t->qpn != a.dest_qp_num ||
-      t->qp_type != qp->qp_type) [[unlikely]]
-    return Exec::kNotHandled;
-  // RTR, RTS, SQD or SQE (consecutive values), connected to us on our device.
-  const uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
-  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || t->dest_qpn != qp->qpn || t->dest_device != dir_.self_id())
-      [[unlikely]]
-    return Exec::kNotHandled;
+  // The peer and the target entry: checked in full once per version of the
+  // entry (layout.h QpEntry::version), then while the owner has not changed
+  // it, and we changed neither peer nor destination (modify_qp and
+  // set_destination clear Qp::tgt), the checks hold and the one word is
+  // all that is read (check_target).
+  layout::QpEntry* t = qp->tgt.entry;
+  if (!t || qp->tgt.peer_stamp != peer.stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
+      [[unlikely]] {
+    t = check_target(qp, peer);
+    if (!t) return Exec::kNotHandled;
+  }
 
   // Our side: the inline bytes where the application has them (the call
-  // executes before it returns), or the SGE checked against our MR table.
+  // executes before it returns), or the SGE checked against our MR table:
+  // live, an MR, not on-demand, this lkey and our PD in one word
+  // (MrState::fast_match), then the range.
   IoVec local[1];
   uint32_t nlocal = 0;
   if (len) {
@@ -139,12 +165,16 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
       local[0] = {reinterpret_cast<void*>(g.addr), len};
     } else {
       const uint32_t i = layout::key_index(g.lkey);
-      if (i >= mrs_.size()) return Exec::kNotHandled;
-      const MrState& m = mrs_[i];
-      if (!m.live || m.kind != layout::kKindMr || m.lkey != g.lkey || m.pd != qp->pd || (m.access & kAccessOnDemand) ||
-          g.addr < m.iova || len > m.length || g.addr - m.iova > m.length - len) [[unlikely]]
+      // i < mrs_.size(), in bytes (no division by the entry's size).
+      if (size_t{i} * sizeof(MrState) >= static_cast<size_t>(reinterpret_cast<const char*>(std::to_address(mrs_.end())) -
+                                                             reinterpret_cast<const char*>(mrs_.data())))
+          [[unlikely]]
         return Exec::kNotHandled;
-      local[0] = {reinterpret_cast<void*>(m.addr + (g.addr - m.iova)), len};
+      const MrState& m = mrs_[i];
+      const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
+      if (m.fast_match != (qp->pd_match | g.lkey) || off > m.length || len > m.length - off) [[unlikely]]
+        return Exec::kNotHandled;
+      local[0] = {reinterpret_cast<void*>(m.addr + off), len};
     }
     nlocal = 1;
   }
@@ -154,8 +184,8 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   if (op <= IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
       Remote rm;
-      if (!(t->access & IBV_ACCESS_REMOTE_WRITE) ||
-          !remote_hit(qp, peer, wr.wr.rdma.rkey, true, t->pd_index, IBV_ACCESS_REMOTE_WRITE, wr.wr.rdma.remote_addr,
+      if (!(qp->tgt.access & IBV_ACCESS_REMOTE_WRITE) ||
+          !remote_hit(qp, peer, wr.wr.rdma.rkey, true, qp->tgt.pd, IBV_ACCESS_REMOTE_WRITE, wr.wr.rdma.remote_addr,
                       len, &rm)) [[unlikely]]
         return Exec::kNotHandled;
       const bool direct = rm.local != nullptr;
@@ -165,7 +195,10 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
           move_out(peer.pid, direct, local, 1, &remote, 1, true))
         return Exec::kNotHandled;
     }
-    if (op == IBV_WR_RDMA_WRITE) return Exec::kDone;
+    if (op == IBV_WR_RDMA_WRITE) {
+      count::sent_rc(cnt_, qp, IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
+      return Exec::kDone;
+    }
   }
 
   // SEND, SEND_WITH_IMM, the receive of WRITE_WITH_IMM.
@@ -180,14 +213,16 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
     cqe.imm_data = wr.imm_data;
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }
+  Exec r = uc ? Exec::kDone : Exec::kError;
   switch (deliver(qp, peer, t, op, len, local, nlocal, nullptr, !uc, cqe, status)) {
-    case Deliver::kDone: return Exec::kDone;
-    case Deliver::kNoReceive: return uc ? Exec::kDone : Exec::kNotHandled;  // UC drops; RC: the RNR wait
-    case Deliver::kBusy: return Exec::kNotHandled;
+    case Deliver::kDone: r = Exec::kDone; break;
+    case Deliver::kNoReceive: r = uc ? Exec::kDone : Exec::kNotHandled; break;  // UC drops; RC: the RNR wait
+    case Deliver::kBusy: r = Exec::kNotHandled; break;
     case Deliver::kResponderError:
     case Deliver::kGone: break;
   }
-  return uc ? Exec::kDone : Exec::kError;
+  if (r == Exec::kDone) count::sent_rc(cnt_, qp, op, len);  // counters: packets and bytes
+  return r;
 }
 
 namespace {
@@ -227,45 +262,68 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
 [[gnu::always_inline]] inline int LocalContext::post_send(Qp* qp, const ibv_send_wr& wr) noexcept {
   const uint32_t op = wr.opcode;
   const uint32_t type = qp->qp_type;
-  // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
-  // the atomics (4-6) on RC only (UC rejects them in enqueue_send).
-  if (!((type == IBV_QPT_RC && op <= IBV_WR_ATOMIC_FETCH_AND_ADD) || (type == IBV_QPT_UC && op <= IBV_WR_SEND_WITH_IMM)))
-    return kPostGeneral;
-  const uint32_t st = qp->state();
-  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
-  if (wr.num_sge < 0) return EINVAL;
-  const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
   const ibv_sge* sg = wr.sg_list;
   uint64_t total = 0;
   bool inl = false;
-  if (int rc = check_send_shape(qp->caps, op, num_sge, sg, wr.send_flags, &total, &inl)) return rc;
+  bool fast;  // the shape execute_fast takes: WRITE .. SEND_WITH_IMM with at most one SGE
+  if (wr.num_sge == 1 && op <= IBV_WR_SEND_WITH_IMM && (type == IBV_QPT_RC || type == IBV_QPT_UC)) [[likely]] {
+    // The common WR, with check_send_shape's answer for one SGE of an
+    // operation that carries data out (inline applies, no atomic's rule).
+    const uint32_t st = qp->state();
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+    if (!sg || !qp->caps.max_send_sge) return EINVAL;
+    total = sg->length;
+    inl = wr.send_flags & IBV_SEND_INLINE;
+    if ((inl && total > qp->caps.max_inline_data) || total > (uint64_t{1} << 31)) return EINVAL;
+    fast = true;
+  } else {
+    // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
+    // the atomics (4-6) on RC only (UC rejects them in enqueue_send).
+    if (!((type == IBV_QPT_RC && op <= IBV_WR_ATOMIC_FETCH_AND_ADD) ||
+          (type == IBV_QPT_UC && op <= IBV_WR_SEND_WITH_IMM)))
+      return kPostGeneral;
+    const uint32_t st = qp->state();
+    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
+    if (wr.num_sge < 0) return EINVAL;
+    const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
+    if (int rc = check_send_shape(qp->caps, op, num_sge, sg, wr.send_flags, &total, &inl)) return rc;
+    fast = op <= IBV_WR_SEND_WITH_IMM && num_sge <= 1;
+  }
 
   std::lock_guard lk(qp->sq_lock);
-  if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
-  if (op <= IBV_WR_SEND_WITH_IMM && num_sge <= 1 && qp->sq_exec == qp->sq_tail &&
-      qp->state() == IBV_QPS_RTS) [[likely]] {
-    uint32_t status = IBV_WC_SUCCESS;
-    const Exec r = execute_fast(qp, wr, total, inl, &status);
+  const uint32_t tail = qp->sq_tail;
+  if (tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  Exec r = Exec::kNotHandled;
+  uint32_t status = IBV_WC_SUCCESS;
+  if (fast && qp->sq_exec == tail && qp->state() == IBV_QPS_RTS) [[likely]] {
+    r = execute_fast(qp, wr, total, inl, &status);  // counts what it executed (count::sent_rc)
     if (r == Exec::kDone) [[likely]] {
-      count::sent_rc(cnt_, qp, op, total);  // counters: packets and bytes
-      qp->sq_tail += 1;
-      qp->sq_exec += 1;
+      qp->sq_tail = qp->sq_exec = tail + 1;
       if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
         complete_send(qp, wr.wr_id, op, total, IBV_WC_SUCCESS);
         qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
       }
       return 0;
     }
-    if (r == Exec::kError) {
-      SendSlot* s = qp->slot(qp->sq_tail);
-      fill_header(qp, s, wr, total);
-      qp->sq_tail += 1;
-      fail_head(qp, s, status);
-      return 0;
-    }
   }
+  queue_locked(qp, wr, total, inl, r == Exec::kError, status);
+  return 0;
+}
+
+// post_send's WR that execute_fast did not finish, under qp->sq_lock: into
+// the send slot, then failed with `status` (execute_fast's kError: it
+// reached the target) or executed the general way.
+void LocalContext::queue_locked(Qp* qp, const ibv_send_wr& wr, uint64_t total, bool inl, bool failed,
+                                uint32_t status) noexcept {
   SendSlot* s = qp->slot(qp->sq_tail);
   fill_header(qp, s, wr, total);
+  if (failed) {
+    qp->sq_tail += 1;
+    fail_head(qp, s, status);
+    return;
+  }
+  const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
+  const ibv_sge* sg = wr.sg_list;
   if (inl) {
     // The small path: the bytes themselves go into the slot.
     s->num_sge = 0;
@@ -283,11 +341,27 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
   }
   qp->sq_tail += 1;
   progress_locked(qp);
-  return 0;
+}
+
+// post_send_list's single WR that post_send did not finish (rc: its answer):
+// the general way, or its error.
+int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** bad_wr, GeneralPost general,
+                                void* arg) noexcept {
+  if (rc == kPostGeneral) rc = general(arg, wr);
+  if (rc && bad_wr) *bad_wr = wr;
+  progress(qp);
+  return rc;
 }
 
 int LocalContext::post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                                  void* arg) noexcept {
+  if (wr && !wr->next) [[likely]] {
+    // One WR, the common call: no list to walk.
+    const int rc = post_send(qp, *wr);
+    if (rc == 0) [[likely]]
+      return 0;
+    return post_one_slow(qp, wr, rc, bad_wr, general, arg);
+  }
   int rc = 0;
   bool queued = false;
   for (; wr; wr = wr->next) {
@@ -355,6 +429,7 @@ void LocalContext::flush_send_queue(Qp* qp) noexcept {
 // of the send queue is flushed and receives go on.
 void LocalContext::enter_send_error(Qp* qp) noexcept {
   qp->shared->qp_state.store(IBV_QPS_SQE, std::memory_order_release);
+  layout::bump_version(qp->shared);
   flush_send_queue(qp);
 }
 
@@ -390,6 +465,7 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
 
 void LocalContext::enter_error(Qp* qp) noexcept {
   qp->shared->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+  layout::bump_version(qp->shared);
   flush_qp(qp);
 }
 

@@ -409,6 +409,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     cqe.byte_len = 0;
     complete(cqe);
     t->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    layout::bump_version(t);  // its initiators (we) check it in full again
     auto* th = reinterpret_cast<layout::ContextHeader*>(peer.base);
     th->attention.fetch_add(1, std::memory_order_release);  // pairs with the acquire in progress_all
     *status = our_status;

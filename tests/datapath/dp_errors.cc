@@ -493,6 +493,25 @@ TEST_F(Errors, QpAccessFlagsChangedInRtsAreEnforced) {
                 "WRITE after REMOTE_WRITE was removed from the target QP in RTS");
 }
 
+// The initiator keeps what it checked of the target QP while the target's
+// entry keeps its version (QpEntry::version): a change after a WRITE that
+// passed applies to the very next one.
+TEST_F(Errors, TargetAccessChangedAfterAWriteIsEnforced) {
+  Pair p;
+  make_pair(&p);
+  ibv_sge s = p.a_sge(0, 64);
+  ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 76, &s, 1, p.b_addr(), p.bmr->rkey), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "first WRITE: no completion within 5 s";
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  ASSERT_EQ(ibv_modify_qp(p.b, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS), 0);
+  expect_status(p, IBV_WR_RDMA_WRITE, &s, 1, p.b_addr(), p.bmr->rkey, IBV_WC_REM_ACCESS_ERR,
+                "WRITE after REMOTE_WRITE was removed from the target QP, once a WRITE had passed");
+}
+
 TEST_F(Errors, RkeyOfMrInAnotherPdIsRemAccessErr) {
   Pair p;
   make_pair(&p);
@@ -1138,6 +1157,33 @@ TEST_F(Transport, TargetQpInErrIsRetryExcErr) {
   ASSERT_EQ(ibv_modify_qp(p.b, &a, IBV_QP_STATE), 0);
   expect_retry_exceeded(p, "WRITE to a QP in ERR");
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.bbuf[i], 0) << "byte " << i;
+}
+
+// As above, after a WRITE that passed (the initiator kept the target's
+// checks): the change applies to the next WRITE.
+TEST_F(Transport, TargetQpInErrOrDestroyedAfterAWriteIsRetryExcErr) {
+  for (int destroy = 0; destroy < 2; ++destroy) {
+    const char* what = destroy ? "WRITE to a QP destroyed after a WRITE" : "WRITE to a QP moved to ERR after a WRITE";
+    Pair p;
+    make_pair(&p, opts());
+    ibv_sge s = p.a_sge(0, 64);
+    ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 76, &s, 1, p.b_addr(), p.bmr->rkey), 0) << what;
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << what << ": first WRITE: no completion within 5 s";
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << what << ": " << wc_str(wc);
+    for (size_t i = 0; i < 64; ++i) p.bbuf[i] = 0;
+    if (destroy) {
+      destroy_now(p.b);
+    } else {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      ASSERT_EQ(ibv_modify_qp(p.b, &a, IBV_QP_STATE), 0) << what;
+    }
+    expect_retry_exceeded(p, what);
+    if (!destroy) {
+      for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.bbuf[i], 0) << what << ": byte " << i;
+    }
+  }
 }
 
 TEST_F(Transport, TargetConnectedElsewhereIsRetryExcErr) {
