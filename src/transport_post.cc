@@ -25,6 +25,9 @@ namespace shmrdma {
 
 using namespace transport;
 
+// The fast path takes inline WRs of several SGEs up to this many bytes
+// (gathered on the stack); longer ones go the general way, as before.
+constexpr uint64_t kFastInlineGather = 64;
 
 
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
@@ -133,9 +136,20 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   // executes before it returns), or the SGE checked against our MR table.
   IoVec local[1];
   uint32_t nlocal = 0;
+  // Inline bytes in several SGEs (UCX's active messages: its header, then
+  // the payload) are gathered here first, so one source moves as before.
+  alignas(8) uint8_t gathered[kFastInlineGather];
   if (len) {
     const ibv_sge& g = wr.sg_list[0];
-    if (inl) {
+    if (inl && wr.num_sge > 1) {
+      uint8_t* d = gathered;
+      for (int k = 0; k < wr.num_sge; ++k) {
+        const uint32_t n = wr.sg_list[k].length;
+        if (n) std::memcpy(d, reinterpret_cast<const void*>(wr.sg_list[k].addr), n);
+        d += n;
+      }
+      local[0] = {gathered, len};
+    } else if (inl) {
       local[0] = {reinterpret_cast<void*>(g.addr), len};
     } else {
       const uint32_t i = layout::key_index(g.lkey);
@@ -242,7 +256,7 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
 
   std::lock_guard lk(qp->sq_lock);
   if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
-  if (op <= IBV_WR_SEND_WITH_IMM && num_sge <= 1 && qp->sq_exec == qp->sq_tail &&
+  if (op <= IBV_WR_SEND_WITH_IMM && (num_sge <= 1 || (inl && total <= kFastInlineGather)) && qp->sq_exec == qp->sq_tail &&
       qp->state() == IBV_QPS_RTS) [[likely]] {
     uint32_t status = IBV_WC_SUCCESS;
     const Exec r = execute_fast(qp, wr, total, inl, &status);
