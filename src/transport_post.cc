@@ -25,6 +25,9 @@ namespace shmrdma {
 
 using namespace transport;
 
+// The fast path takes inline WRs of several SGEs up to this many bytes
+// (gathered on the stack); longer ones go the general way, as before.
+constexpr uint64_t kFastInlineGather = 64;
 
 
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
@@ -159,9 +162,20 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   // (MrState::fast_match), then the range.
   IoVec local[1];
   uint32_t nlocal = 0;
+  // Inline bytes in several SGEs (UCX's active messages: its header, then
+  // the payload) are gathered here first, so one source moves as before.
+  alignas(8) uint8_t gathered[kFastInlineGather];
   if (len) {
     const ibv_sge& g = wr.sg_list[0];
-    if (inl) {
+    if (inl && wr.num_sge > 1) {
+      uint8_t* d = gathered;
+      for (int k = 0; k < wr.num_sge; ++k) {
+        const uint32_t n = wr.sg_list[k].length;
+        if (n) std::memcpy(d, reinterpret_cast<const void*>(wr.sg_list[k].addr), n);
+        d += n;
+      }
+      local[0] = {gathered, len};
+    } else if (inl) {
       local[0] = {reinterpret_cast<void*>(g.addr), len};
     } else {
       const uint32_t i = layout::key_index(g.lkey);
@@ -287,7 +301,9 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
     if (wr.num_sge < 0) return EINVAL;
     const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
     if (int rc = check_send_shape(qp->caps, op, num_sge, sg, wr.send_flags, &total, &inl)) return rc;
-    fast = op <= IBV_WR_SEND_WITH_IMM && num_sge <= 1;
+    // Inline bytes in several SGEs are gathered by execute_fast (up to
+    // kFastInlineGather bytes).
+    fast = op <= IBV_WR_SEND_WITH_IMM && (num_sge <= 1 || (inl && total <= kFastInlineGather));
   }
 
   std::lock_guard lk(qp->sq_lock);
