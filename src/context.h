@@ -375,6 +375,14 @@ class LocalContext {
   }
   void progress_polled_slow(uint32_t polls) noexcept { progress_all_slow(polls); }
 
+  // Completions taken from any CQ of this context (the provider's polls add
+  // to it; racy and advisory: lost updates between threads still change
+  // it). A CQ's starvation yield looks at it (providers/shmrdma/cq.cc).
+  void note_taken(uint32_t n) noexcept {
+    completions_taken_.store(completions_taken_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  uint32_t completions_taken() const noexcept { return completions_taken_.load(std::memory_order_relaxed); }
+
   // Async events (see async.h). The read end of the FIFO becomes the
   // context's async_fd: the caller takes ownership of it once.
   int take_async_read_fd() noexcept;
@@ -654,6 +662,7 @@ class LocalContext {
   int async_read_fd_ = -1, async_write_fd_ = -1;
   std::vector<PdState> pds_;
   std::vector<CqState> cqs_;
+  std::atomic<uint32_t> completions_taken_{0};  // note_taken
   std::vector<WqState_> wqs_;
   std::vector<IndState> inds_;
   std::vector<MrState> mrs_;

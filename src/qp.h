@@ -255,6 +255,10 @@ struct Qp {
   // its bytes move with CMA only. Under sq_lock.
   bool local_odp = false;
 
+  // post_send's fast path gathers inline bytes of several SGEs here
+  // (transport_post.cc kFastInlineGather), under sq_lock.
+  alignas(8) uint8_t fast_gather[64];
+
   // The receive side has been flushed after entering ERR.
   bool rq_flushed = false;
   void* user = nullptr;  // the application's ibv_qp, for async events

@@ -26,8 +26,23 @@ namespace shmrdma {
 using namespace transport;
 
 // The fast path takes inline WRs of several SGEs up to this many bytes
-// (gathered on the stack); longer ones go the general way, as before.
-constexpr uint64_t kFastInlineGather = 64;
+// (gathered into Qp::fast_gather); longer ones go the general way, as before.
+constexpr uint64_t kFastInlineGather = sizeof(Qp::fast_gather);
+
+namespace {
+
+// Out of line: the one-SGE post does not pay for this loop's registers.
+[[gnu::noinline]] void* gather_inline(Qp* qp, const ibv_send_wr& wr) noexcept {
+  uint8_t* d = qp->fast_gather;
+  for (int k = 0; k < wr.num_sge; ++k) {
+    const uint32_t n = wr.sg_list[k].length;
+    if (n) std::memcpy(d, reinterpret_cast<const void*>(wr.sg_list[k].addr), n);
+    d += n;
+  }
+  return qp->fast_gather;
+}
+
+}  // namespace
 
 
 int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
@@ -162,21 +177,12 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   // (MrState::fast_match), then the range.
   IoVec local[1];
   uint32_t nlocal = 0;
-  // Inline bytes in several SGEs (UCX's active messages: its header, then
-  // the payload) are gathered here first, so one source moves as before.
-  alignas(8) uint8_t gathered[kFastInlineGather];
   if (len) {
     const ibv_sge& g = wr.sg_list[0];
-    if (inl && wr.num_sge > 1) {
-      uint8_t* d = gathered;
-      for (int k = 0; k < wr.num_sge; ++k) {
-        const uint32_t n = wr.sg_list[k].length;
-        if (n) std::memcpy(d, reinterpret_cast<const void*>(wr.sg_list[k].addr), n);
-        d += n;
-      }
-      local[0] = {gathered, len};
-    } else if (inl) {
-      local[0] = {reinterpret_cast<void*>(g.addr), len};
+    if (inl) {
+      // Inline bytes in several SGEs (UCX's active messages: its header,
+      // then the payload) are gathered first, so one source moves as before.
+      local[0] = {wr.num_sge > 1 ? gather_inline(qp, wr) : reinterpret_cast<void*>(g.addr), len};
     } else {
       const uint32_t i = layout::key_index(g.lkey);
       // i < mrs_.size(), in bytes (no division by the entry's size).

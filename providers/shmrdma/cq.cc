@@ -82,6 +82,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   const int done = core->poll_cq_wc(cq->info, &pos, &slot, n, wc, ts);
   cq->next_slot.store(slot, std::memory_order_relaxed);
   cq->next_pos.store(pos, std::memory_order_relaxed);
+  if (done > 0) core->note_taken(static_cast<uint32_t>(done));
   return done;
 }
 
@@ -95,10 +96,14 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 // after 1024-2047 empty polls in a row, some tens of µs of spinning. A poller
 // that keeps finding completions never yields, and an empty poll costs
 // nothing more. With nothing else runnable the yield returns at once.
-[[gnu::noinline]] void yield_if_starved(Cq* cq) {
-  const uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
-  if (pos == cq->yield_pos.load(std::memory_order_relaxed) && !next_ready(cq)) sched_yield();
-  cq->yield_pos.store(pos, std::memory_order_relaxed);
+// "No completion" counts every CQ of the context: a process that keeps
+// receiving on one CQ while it looks at another that rarely completes (UCX
+// polls its send CQ, which completes once per 64 sends, whenever its receive
+// CQ is empty) is not starved and does not yield.
+[[gnu::noinline]] void yield_if_starved(Cq* cq, LocalContext* core) {
+  const uint32_t taken = core->completions_taken();
+  if (taken == cq->yield_taken.load(std::memory_order_relaxed) && !next_ready(cq)) sched_yield();
+  cq->yield_taken.store(taken, std::memory_order_relaxed);
 }
 
 // An empty poll without the lock: true when no completion is ready. Every
@@ -108,7 +113,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   if (next_ready(cq)) return false;
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
-  if (__builtin_expect((n & 1023) == 0, 0)) yield_if_starved(cq);
+  if (__builtin_expect((n & 1023) == 0, 0)) yield_if_starved(cq, to_ctx(cq->vcq.cq.context)->core);
   return (n & 63) != 0;
 }
 
@@ -320,6 +325,7 @@ namespace {
     return poll_rest(cq, core, num_entries, wc, 0);
   const Ring& ring = cq->info.ring;
   core->take_cqe(ring, h, pos, wc);
+  core->note_taken(1);
   h = ring.next_header(h, pos);
   ++pos;
   cq->next_slot.store(h, std::memory_order_relaxed);
@@ -340,7 +346,7 @@ namespace {
 // producers).
 [[gnu::noinline]] int poll_slow(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
   core->progress_polled_slow(n);
-  if ((n & 1023) == 0) yield_if_starved(cq);
+  if ((n & 1023) == 0) yield_if_starved(cq, core);
   else if (!next_ready(cq)) return 0;
   return poll_locked(cq, core, num_entries, wc);
 }

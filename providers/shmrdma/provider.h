@@ -54,8 +54,9 @@ struct Cq {
   // Polls of this CQ (a racy count is fine): it spaces out the locked empty
   // polls that watch for a dead producer and the looks for dead peers.
   std::atomic<uint32_t> polls{0};
-  // next_pos at the last 1024th poll (cq.cc yield_if_starved; racy, fine).
-  std::atomic<uint32_t> yield_pos{0};
+  // The context's completions_taken at this CQ's last 1024th poll (cq.cc
+  // yield_if_starved; racy, fine).
+  std::atomic<uint32_t> yield_taken{0};
   // Where the next completion will be, written under poll_lock after every
   // poll (set_next in cq.cc): the consumer position, kept privately (an
   // empty poll reads no shared index), and the header of its slot, whose

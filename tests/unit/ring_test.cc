@@ -1012,14 +1012,20 @@ TEST(RingAdopt, ConcurrentAdoptionOwnsEveryEntryOnce) {
   th.emplace_back([&] {
     Ring v = ring;
     for (uint32_t i = 0; i < kItems && !stop.load(std::memory_order_relaxed);)
-      if (v.try_push(&i, sizeof i) == RingStatus::ok) ++i;
+      if (v.try_push(&i, sizeof i) == RingStatus::ok)
+        ++i;
+      else
+        std::this_thread::yield();  // five spinning threads may share one CPU (a loaded machine)
   });
   for (int c = 0; c < kConsumers; ++c)
     th.emplace_back([&] {
       Ring v = ring;
       while (!stop.load(std::memory_order_relaxed)) {
         RingResult res = v.try_claim_announced([](uint32_t) {});
-        if (!res) continue;
+        if (!res) {
+          std::this_thread::yield();
+          continue;
+        }
         uint32_t x = 0;
         std::memcpy(&x, res.handle.payload, sizeof x);
         if (v.release_cas(res.handle)) {
@@ -1043,6 +1049,7 @@ TEST(RingAdopt, ConcurrentAdoptionOwnsEveryEntryOnce) {
           if (x < kItems && owned[x].fetch_add(1) == 0) done.fetch_add(1);
         }
       }
+      std::this_thread::yield();
     }
   });
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
