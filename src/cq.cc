@@ -494,6 +494,24 @@ bool write_own_token(const Cqs& cqs, const Chans& chans, uint32_t cq_index, uint
   return ch != layout::kNoIndex && n < chans.size() && chans[n].live && write_channel_token(chans[n].write_fd, token);
 }
 
+// The common path of push_cqe and push_peer_cqe, inline in both: true when
+// the CQE went into live CQ entry e (and an armed CQ was told); false when
+// it did not (nothing was written): the caller runs push_shared_cqe.
+template <typename Cqs, typename Chans>
+[[gnu::always_inline]] inline bool push_common(const Peer& peer, bool own, uint32_t cq_index, layout::CqEntry* e,
+                                               const layout::Cqe& cqe, RingCache* cache, const Cqs& cqs,
+                                               const Chans& chans) noexcept {
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
+    return false;
+  const Fast f = push_fast(peer, e, cqe, cache);
+  if (f == Fast::kPushed) [[likely]]
+    return true;
+  if (f != Fast::kArmed) return false;
+  auto write_own = [&](uint64_t token) { return write_own_token(cqs, chans, cq_index, token); };
+  (void)fire_notify(peer, own, cq_index, e, cqe, write_own);
+  return true;
+}
+
 }  // namespace
 
 LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
@@ -556,17 +574,8 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
 
 bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
-  layout::CqEntry* e = self_peer_.cq(cq_index);
-  if (e && e->state.load(std::memory_order_acquire) == layout::kLive) [[likely]] {  // A1 pairs with R1
-    const Fast f = push_fast(self_peer_, e, cqe, cache);
-    if (f == Fast::kPushed) [[likely]]
-      return true;
-    if (f == Fast::kArmed) {
-      auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
-      (void)fire_notify(self_peer_, true, cq_index, e, cqe, own);
-      return true;
-    }
-  }
+  if (push_common(self_peer_, true, cq_index, self_peer_.cq(cq_index), cqe, cache, cqs_, chans_)) [[likely]]
+    return true;
   bool fired = false;
   Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
@@ -583,16 +592,8 @@ bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache
 bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
                                  RingCache* cache) noexcept {
   layout::CqEntry* e = peer.cq(cq_index);
-  if (e && e->state.load(std::memory_order_acquire) == layout::kLive) [[likely]] {  // A1 pairs with R1
-    const Fast f = push_fast(peer, e, cqe, cache);
-    if (f == Fast::kPushed) [[likely]]
-      return true;
-    if (f == Fast::kArmed) {
-      auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
-      (void)fire_notify(peer, &peer == &self_peer_, cq_index, e, cqe, own);
-      return true;
-    }
-  }
+  if (push_common(peer, &peer == &self_peer_, cq_index, e, cqe, cache, cqs_, chans_)) [[likely]]
+    return true;
   bool fired = false;
   Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
   if (r == Push::kOk) return true;
