@@ -47,12 +47,11 @@ inline std::atomic<uint64_t>* remote_group(CounterSink& k, layout::QpCounterReco
   return k.group(rec, layout::kGroupRemote, foreign_label(dev->home_id, port), device_tag(dev->record()));
 }
 
-// progress: WQE s of qp executed successfully (Exec::kDone).
-inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
-  const uint32_t op = s->opcode;
+// A request of qp executed successfully: operation op of len bytes (UD:
+// to destination LID dlid).
+inline void sent_op(CounterSink& k, Qp* qp, uint32_t op, uint64_t len, uint16_t dlid) noexcept {
   if (op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV || !qp->cnt.rec) return;  // local: no packets
   const QpCounting& q = qp->cnt;
-  const uint64_t len = s->length;
   const uint64_t pkts = len ? ((len - 1) >> q.mtu_shift) + 1 : 1;
   const bool read = op == IBV_WR_RDMA_READ;
   const bool atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -63,7 +62,7 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
   bump(l[layout::kCntXmitBytes], req_bytes);
   if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV) bump(l[layout::kCntRdmaSends], 1);
   if (qp->qp_type == IBV_QPT_UD) {
-    if (multicast_lid(s->av.dlid)) bump(l[layout::kCntMcastXmitPkts], 1);
+    if (multicast_lid(dlid)) bump(l[layout::kCntMcastXmitPkts], 1);
     return;  // its destinations count in ud_arrived
   }
   if (qp->peer_dev != q.rdev) [[unlikely]]
@@ -81,9 +80,13 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept {
   }
 }
 
+// progress: WQE s of qp executed successfully (Exec::kDone).
+inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept { sent_op(k, qp, s->opcode, s->length, s->av.dlid); }
+
 // post_send's fast path (execute_fast): an RC/UC WRITE, WRITE_WITH_IMM,
 // SEND or SEND_WITH_IMM of len bytes executed; what sent() counts for them.
-// sent_rc_slow (counters.cc) finds the groups and keeps them in QpCounting.
+// sent_rc_slow (counters.cc) counts as sent_op and keeps the two groups in
+// QpCounting for the next ones.
 void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
 inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   const QpCounting& q = qp->cnt;

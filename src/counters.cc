@@ -226,22 +226,15 @@ void send_error_slow(CounterSink& k, Qp* qp, uint32_t status) noexcept {
 }
 
 void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
+  sent_op(k, qp, op, len, 0);  // relabels first when the destination changed
   QpCounting& q = qp->cnt;
   if (!q.rec) return;
-  const uint64_t pkts = len ? ((len - 1) >> q.mtu_shift) + 1 : 1;
   std::atomic<uint64_t>* l = k.group(q.rec, layout::kGroupLocal, q.port);
-  if (!l) return;
-  bump(l[layout::kCntXmitPkts], pkts);
-  bump(l[layout::kCntXmitBytes], len);
-  if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) bump(l[layout::kCntRdmaSends], 1);
-  if (qp->peer_dev != q.rdev) [[unlikely]]
-    relabel(qp);
   std::atomic<uint64_t>* r = k.group(q.rec, layout::kGroupRemote, q.rport, q.rtag);
-  if (!r) return;
-  bump(r[layout::kCntRcvPkts], pkts);
-  bump(r[layout::kCntRcvBytes], len);
-  q.fast_local = l;  // both count: the next ones go straight there
-  q.fast_remote = r;
+  if (l && r) {  // both count: the next ones go straight there
+    q.fast_local = l;
+    q.fast_remote = r;
+  }
 }
 
 void relabel(Qp* qp) noexcept {
