@@ -283,8 +283,9 @@ struct Qp {
     const void* entry = nullptr;  // nullptr: empty
     uint32_t key = 0;
     bool rkey = false;
-    uint32_t peer_slot = 0, peer_generation = 0, peer_home = 0;
-    uint64_t peer_stamp = 0;  // Peer::stamp of that peer (0: empty): remote_hit's one-word tag
+    // Peer::stamp of that peer (0: empty): which peer object, so its slot,
+    // generation and home (set once when the Peer is made) in one word.
+    uint64_t peer_stamp = 0;
     uint32_t gen = 1;  // odd: matches no stable seqlock value
     MrSnapshot snap;
     std::shared_ptr<PeerMapping> map;

@@ -65,8 +65,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   Qp::RemoteKeyCache& rc = rkey ? qp->rkey_cache : qp->recv_key_cache;
   Qp::MrSnapshot fresh;
   const Qp::MrSnapshot* snp = &rc.snap;
-  const bool cached = rc.entry == e && rc.key == key && rc.rkey == rkey && rc.peer_slot == peer.slot &&
-                      rc.peer_generation == peer.generation && rc.peer_home == peer.home_id &&
+  const bool cached = rc.entry == e && rc.key == key && rc.rkey == rkey && rc.peer_stamp == peer.stamp &&
                       gen.load(std::memory_order_acquire) == rc.gen;
   if (!cached) {
     Qp::MrSnapshot& sn = fresh;
@@ -108,9 +107,6 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
       rc.entry = e;
       rc.key = key;
       rc.rkey = rkey;
-      rc.peer_slot = peer.slot;
-      rc.peer_generation = peer.generation;
-      rc.peer_home = peer.home_id;
       rc.peer_stamp = peer.stamp;
       rc.gen = g;
       rc.snap = sn;
