@@ -163,36 +163,10 @@ class LocalContext {
   // After a receive was posted to `qp`: wakes an initiator that waits for
   // one (QpEntry::initiator_waiting) with a progress token.
   void wake_initiator(Qp* qp) noexcept;
-  // Pops up to `n` completions (single consumer: the caller serialises polls
-  // of one CQ). Returns the number popped.
-  int poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept;
-  // The same, handing each completion to f(const layout::Cqe&) as it is
-  // popped (inline: the provider converts it without a second copy). The
-  // slot is copied into private memory once; f gets that copy, untrusted.
-  template <typename F>
-  int poll_cq_each(const CqInfo& cq, int n, F&& f) noexcept {
-    Ring ring = cq.ring;
-    int got = 0;
-    while (got < n) {
-      RingResult r = ring.try_claim_sc();
-      if (!r) {
-        if (got == 0) skip_dead_push(cq);
-        break;
-      }
-      layout::Cqe c;
-      std::memcpy(&c, r.handle.payload, sizeof c);
-      // Before the release: flush_qp reads the ring, then this (see
-      // recv_completion_delivered).
-      if ((c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR) {
-        const uint32_t qi = layout::qpn_index(c.qp_num);
-        if (qi < layout_.qp_slots) last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
-      }
-      ring.release(r.handle);
-      f(c);
-      ++got;
-    }
-    return got;
-  }
+  // Pops up to `n` completions into out (single consumer: the caller
+  // serialises polls of one CQ), from the ring's consumer position, through
+  // the provider's path (poll_cq_wc). Returns the number popped.
+  int poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept;
   // cq.cc. every: each call looks (ibv_poll_cq calls it once in 1024 polls),
   // else one in 16 (the locked empty polls of ibv_start_poll, one in 64).
   void skip_dead_push(const CqInfo& cq, bool every = false) noexcept;

@@ -602,9 +602,11 @@ bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layo
   return false;
 }
 
-int LocalContext::poll_cq(const CqInfo& cq, int n, layout::Cqe* out) noexcept {
-  int got = 0;
-  return poll_cq_each(cq, n, [&](const layout::Cqe& c) { out[got++] = c; });
+int LocalContext::poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept {
+  if (n <= 0) return 0;
+  uint32_t pos = cq.ring.consumer_position();  // release_sc keeps it current
+  RingSlotHeader* slot = cq.ring.slot_header(pos);
+  return poll_cq_wc(cq, &pos, &slot, n, out);
 }
 
 // A producer that died between reserving a CQ slot and publishing it would

@@ -99,9 +99,9 @@ class ContextTest : public ::testing::Test {
     std::vector<SgeIn> sges(std::max<uint32_t>(num_sge, 1), SgeIn{0x1000, 64, 7});
     return ctx_->post_wq_recv(w, wr_id, sges.data(), num_sge);
   }
-  std::vector<layout::Cqe> drain(const CqInfo& c) {
-    std::vector<layout::Cqe> out;
-    layout::Cqe buf[16];
+  std::vector<ibv_wc> drain(const CqInfo& c) {
+    std::vector<ibv_wc> out;
+    ibv_wc buf[16];
     for (;;) {
       int n = ctx_->poll_cq(c, 16, buf);
       if (n <= 0) break;
@@ -181,7 +181,7 @@ TEST_F(ContextTest, CqCreateRoundsAndValidates) {
   EXPECT_NE(one.index, hundred.index);
   EXPECT_EQ(held(*ctx_, layout::kObjCq), 3u);
   EXPECT_EQ(inspect(*ctx_).cqs, 3u);
-  layout::Cqe buf[4];
+  ibv_wc buf[4];
   EXPECT_EQ(ctx_->poll_cq(hundred, 4, buf), 0) << "a new CQ is empty";
   EXPECT_EQ(ctx_->destroy_cq(hundred.index), 0);
   EXPECT_EQ(ctx_->destroy_cq(hundred.index), EINVAL);
@@ -462,7 +462,7 @@ TEST_F(ContextTest, PollReturnsAtMostN) {
   ASSERT_EQ(modify(w, WqState::kRdy), 0);
   for (uint32_t i = 0; i < 5; ++i) ASSERT_EQ(post(w, i), 0);
   ASSERT_EQ(modify(w, WqState::kErr), 0);
-  layout::Cqe buf[5];
+  ibv_wc buf[5];
   EXPECT_EQ(ctx_->poll_cq(c, 0, buf), 0);
   EXPECT_EQ(ctx_->poll_cq(c, 2, buf), 2);
   EXPECT_EQ(buf[0].wr_id, 0u);
