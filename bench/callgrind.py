@@ -8,7 +8,10 @@ with N1 and N2 messages (each --repeat times, the smallest total kept), and the
 target (server) runs natively; the counts per message are the differences
 divided by N2 - N1, so start-up and connection costs cancel out:
 
-- whole process: every instruction of the initiator, its tool's loop included;
+- whole process: every instruction of the initiator, its tool's loop included
+  (perftest runs with -N: its peak-bandwidth report walks the per-message
+  timestamps after the run, ~380 instructions per message that are report,
+  not loop; perftest enables it by default up to 20,000 iterations);
 - inside the provider's post_send and poll_cq (what ibv_post_send and
   ibv_poll_cq cost, inclusive), for the shmrdma cases. poll_cq per message
   mixes the empty polls and the one that returns the completion, as the tool
@@ -69,11 +72,11 @@ def cases() -> list[dict]:
     # UCX_IB_REG_METHODS=direct: see the module's docstring (no implicit ODP MR under valgrind)
     verbs_env = {"UCX_NET_DEVICES": f"{DEVICE}:1", "UCX_TLS": "rc_verbs", "UCX_IB_REG_METHODS": "direct"}
     return [
-        dict(name="shmrdma ib_write_bw 8 B (mapped tier)", kind="perftest", argv=["ib_write_bw", "-s", "8"], env={},
+        dict(name="shmrdma ib_write_bw 8 B (mapped tier)", kind="perftest", argv=["ib_write_bw", "-s", "8", "-N"], env={},
              shm=True, funcs=pt),
         dict(name="shmrdma ib_write_bw 8 B (CMA tier, SHMRDMA_MAPPED=0)", kind="perftest",
-             argv=["ib_write_bw", "-s", "8"], env={"SHMRDMA_MAPPED": "0"}, shm=True, funcs=pt),
-        dict(name="shmrdma ib_send_bw 8 B", kind="perftest", argv=["ib_send_bw", "-s", "8"], env={}, shm=True,
+             argv=["ib_write_bw", "-s", "8", "-N"], env={"SHMRDMA_MAPPED": "0"}, shm=True, funcs=pt),
+        dict(name="shmrdma ib_send_bw 8 B", kind="perftest", argv=["ib_send_bw", "-s", "8", "-N"], env={}, shm=True,
              funcs=pt),
         dict(name="UCX put_bw 8 B (uct posix)", kind="ucx",
              argv=["ucx_perftest", "-t", "put_bw", "-s", "8", "-x", "posix", "-d", "memory"], env={}, shm=False,
