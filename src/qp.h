@@ -266,7 +266,7 @@ struct Qp {
   // Mappings of peers' mapped-tier MRs this QP used last (lookups without a lock).
   struct MapCacheEntry {
     std::shared_ptr<PeerMapping> map;
-    uint32_t peer_slot = 0, peer_generation = 0, peer_home = 0;
+    uint64_t peer_stamp = 0;  // Peer::stamp: which peer object (its slot, generation and home)
     int memfd = -1;
     uint64_t map_id = 0;
   };

@@ -142,8 +142,8 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   const uint32_t ncache = static_cast<uint32_t>(qp->map_cache.size());
   for (uint32_t n = 0, i = qp->map_cache_last; n < ncache; ++n, i = (i + 1) % ncache) {
     auto& c = qp->map_cache[i];  // the entry that hit last time first
-    if (c.map && c.peer_slot == peer.slot && c.peer_generation == peer.generation && c.peer_home == peer.home_id &&
-        c.memfd == sn.memfd && c.map_id == sn.map_id && c.map->start == map_start && c.map->len == map_len) {
+    if (c.map && c.peer_stamp == peer.stamp && c.memfd == sn.memfd && c.map_id == sn.map_id &&
+        c.map->start == map_start && c.map->len == map_len) {
       qp->map_cache_last = i;
       out->local = c.map->base + (out->host - map_start);
       out->mapped = true;
@@ -155,9 +155,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   if (!m) return true;  // could not map: CMA still works
   auto& slot = qp->map_cache[qp->map_cache_next++ % qp->map_cache.size()];
   slot.map = m;
-  slot.peer_slot = peer.slot;
-  slot.peer_generation = peer.generation;
-  slot.peer_home = peer.home_id;
+  slot.peer_stamp = peer.stamp;
   slot.memfd = sn.memfd;
   slot.map_id = sn.map_id;
   if (this_snapshot) rc.map = m;
