@@ -282,8 +282,14 @@ void Registry::write_net_locked(uint32_t port, PortNetView v, PortNetChange* cha
     eth_speed_to_ib(v.speed_mbps, &v.active_width, &v.active_speed);
   } else {
     v.active_mtu = 5;     // IBV_MTU_4096
+    // 4X HDR, 200 Gb/s (25 GB/s): what the device moves (a memcpy, ~25-35 GB/s
+    // from 64 KiB up), as a real port of that speed reports it. Consumers size
+    // their protocols from it: UCX derives its rendezvous threshold from this
+    // bandwidth divided among the processes of the node, and 4X EDR (100 Gb/s,
+    // half of it per rank for two ranks) made eager copies through 8 KiB
+    // bounce buffers look as good as one zero-copy RDMA READ up to ~90 KiB.
     v.active_width = 2;   // 4X
-    v.active_speed = 32;  // EDR: 4X EDR reads as 100 Gb/s
+    v.active_speed = 64;  // HDR
   }
   const uint8_t prev_state = port_state(port);
   // link_downed (IB LinkDownedCounter): an active port going down.

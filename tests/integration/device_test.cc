@@ -103,6 +103,9 @@ TEST_F(Device, Port1IsActiveInfiniBand) {
   EXPECT_EQ(p.link_layer, IBV_LINK_LAYER_INFINIBAND);
   EXPECT_EQ(p.active_mtu, IBV_MTU_4096);
   EXPECT_GE(p.max_mtu, p.active_mtu);
+  // 4X HDR (200 Gb/s): the speed the device moves data at (src/registry.cc).
+  EXPECT_EQ(p.active_width, 2);   // 4X
+  EXPECT_EQ(p.active_speed, 64);  // HDR
   EXPECT_GT(p.gid_tbl_len, 0);
   EXPECT_GT(p.pkey_tbl_len, 0);
 }

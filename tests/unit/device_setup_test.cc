@@ -119,6 +119,7 @@ TEST_F(DeviceSetupTest, UpCreatesTheSysfsTree) {
   EXPECT_EQ(slurp(port + "/lid"), "0x1");
   EXPECT_EQ(d.ports[0].lid, 1);
   EXPECT_EQ(slurp(port + "/link_layer"), "InfiniBand");
+  EXPECT_EQ(slurp(port + "/rate"), "200 Gb/sec (4X HDR)");
   EXPECT_EQ(slurp(port + "/pkeys/0"), "0xffff");
   EXPECT_EQ(d.ports[0].port_guid, d.node_guid + 1);
   std::string g = guid_string(d.ports[0].port_guid);
