@@ -428,7 +428,8 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
 namespace {
 
 // Whether *cache holds the validated view of CQ entry e's ring in peer's
-// segment: the same mapping of the same context, and the ring at the same
+// segment: the same Peer object (its stamp: the same mapping of the same
+// context), and the ring at the same
 // offset with the same capacity (read once each here, after P1). A resize
 // allocates the new ring while the old one is still allocated, so a
 // different ring of the same capacity at the same offset has the same
@@ -438,8 +439,7 @@ namespace {
 // does not read; the cached view stays inside the mapping it was validated
 // against.
 inline bool cache_holds(const RingCache* cache, const Peer& peer, const layout::CqEntry* e) noexcept {
-  return cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
-         cache->offset == e->ring_offset && cache->capacity == e->capacity;
+  return cache && cache->stamp == peer.stamp && cache->offset == e->ring_offset && cache->capacity == e->capacity;
 }
 
 enum class Fast { kFallback, kPushed, kArmed };
@@ -460,7 +460,7 @@ enum class Fast { kFallback, kPushed, kArmed };
     e->producers.fetch_sub(1, std::memory_order_release);
     return Fast::kFallback;
   }
-  const RingStatus st = cache->ring.try_push_cas(&cqe, sizeof cqe);  // P2
+  const RingStatus st = cache->ring.try_push_cas_fixed<sizeof cqe>(&cqe);  // P2
   e->producers.fetch_sub(1, std::memory_order_release);              // P3
   if (st != RingStatus::ok) [[unlikely]]
     return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
@@ -535,13 +535,8 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   // the view cached for exactly these values, else a freshly validated one.
   const uint64_t off = e->ring_offset, bytes = e->ring_bytes;
   const uint32_t cap = e->capacity, stride = e->slot_stride;
-  const Ring* rp = nullptr;
   Ring fresh;
-  if (cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
-      cache->offset == off && cache->bytes == bytes && cache->capacity == cap && cache->stride == stride)
-    rp = &cache->ring;
-  else if (peer.ring(off, bytes, cap, stride, &fresh, cache))
-    rp = &fresh;
+  const Ring* rp = peer.ring(off, bytes, cap, stride, &fresh, cache);
   if (rp && rp->payload_size() >= sizeof cqe) {
     const Ring& ring = *rp;
     // The completion timestamp, only for CQs that asked for it (the clock
