@@ -428,7 +428,8 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
 namespace {
 
 // Whether *cache holds the validated view of CQ entry e's ring in peer's
-// segment: the same mapping of the same context, and the ring at the same
+// segment: the same Peer object (its stamp: the same mapping of the same
+// context), and the ring at the same
 // offset with the same capacity (read once each here, after P1). A resize
 // allocates the new ring while the old one is still allocated, so a
 // different ring of the same capacity at the same offset has the same
@@ -438,8 +439,7 @@ namespace {
 // does not read; the cached view stays inside the mapping it was validated
 // against.
 inline bool cache_holds(const RingCache* cache, const Peer& peer, const layout::CqEntry* e) noexcept {
-  return cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
-         cache->offset == e->ring_offset && cache->capacity == e->capacity;
+  return cache && cache->stamp == peer.stamp && cache->offset == e->ring_offset && cache->capacity == e->capacity;
 }
 
 enum class Fast { kFallback, kPushed, kArmed };
@@ -460,7 +460,7 @@ enum class Fast { kFallback, kPushed, kArmed };
     e->producers.fetch_sub(1, std::memory_order_release);
     return Fast::kFallback;
   }
-  const RingStatus st = cache->ring.try_push_cas(&cqe, sizeof cqe);  // P2
+  const RingStatus st = cache->ring.try_push_cas_fixed<sizeof cqe>(&cqe);  // P2
   e->producers.fetch_sub(1, std::memory_order_release);              // P3
   if (st != RingStatus::ok) [[unlikely]]
     return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
@@ -494,22 +494,23 @@ bool write_own_token(const Cqs& cqs, const Chans& chans, uint32_t cq_index, uint
   return ch != layout::kNoIndex && n < chans.size() && chans[n].live && write_channel_token(chans[n].write_fd, token);
 }
 
-// The common path of push_cqe and push_peer_cqe, inline in both: true when
-// the CQE went into live CQ entry e (and an armed CQ was told); false when
-// it did not (nothing was written): the caller runs push_shared_cqe.
-template <typename Cqs, typename Chans>
-[[gnu::always_inline]] inline bool push_common(const Peer& peer, bool own, uint32_t cq_index, layout::CqEntry* e,
-                                               const layout::Cqe& cqe, RingCache* cache, const Cqs& cqs,
-                                               const Chans& chans) noexcept {
+// The common path of push_cqe and push_peer_cqe, inline in both: kPushed
+// when the CQE went into live CQ entry e; kArmed when it went in and the CQ
+// is armed for it (the caller, out of line, tells it: armed_push); kFallback
+// when it did not (nothing was written): the caller runs push_shared_cqe.
+[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                               RingCache* cache) noexcept {
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
-    return false;
-  const Fast f = push_fast(peer, e, cqe, cache);
-  if (f == Fast::kPushed) [[likely]]
-    return true;
-  if (f != Fast::kArmed) return false;
+    return Fast::kFallback;
+  return push_fast(peer, e, cqe, cache);
+}
+
+// P4 of a kArmed push_common: the CQ's completion channel gets its token.
+template <typename Cqs, typename Chans>
+void armed_push(const Peer& peer, bool own, uint32_t cq_index, layout::CqEntry* e, const layout::Cqe& cqe,
+                const Cqs& cqs, const Chans& chans) noexcept {
   auto write_own = [&](uint64_t token) { return write_own_token(cqs, chans, cq_index, token); };
   (void)fire_notify(peer, own, cq_index, e, cqe, write_own);
-  return true;
 }
 
 }  // namespace
@@ -535,13 +536,8 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   // the view cached for exactly these values, else a freshly validated one.
   const uint64_t off = e->ring_offset, bytes = e->ring_bytes;
   const uint32_t cap = e->capacity, stride = e->slot_stride;
-  const Ring* rp = nullptr;
   Ring fresh;
-  if (cache && cache->base == peer.base && cache->slot == peer.slot && cache->generation == peer.generation &&
-      cache->offset == off && cache->bytes == bytes && cache->capacity == cap && cache->stride == stride)
-    rp = &cache->ring;
-  else if (peer.ring(off, bytes, cap, stride, &fresh, cache))
-    rp = &fresh;
+  const Ring* rp = peer.ring(off, bytes, cap, stride, &fresh, cache);
   if (rp && rp->payload_size() >= sizeof cqe) {
     const Ring& ring = *rp;
     // The completion timestamp, only for CQs that asked for it (the clock
@@ -572,34 +568,52 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
   return r;
 }
 
+// push_cqe and push_peer_cqe: the common push inline; everything else (an
+// armed CQ's token, the full protocol of push_shared_cqe, an overrun's async
+// event) in an out-of-line cold lambda, so the common push calls nothing.
 bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache) noexcept {
   if (cq_index >= cqs_.size() || !cqs_[cq_index].live) return false;
-  if (push_common(self_peer_, true, cq_index, self_peer_.cq(cq_index), cqe, cache, cqs_, chans_)) [[likely]]
+  layout::CqEntry* e = self_peer_.cq(cq_index);
+  const Fast f = push_common(self_peer_, e, cqe, cache);
+  if (f == Fast::kPushed) [[likely]]
     return true;
-  bool fired = false;
-  Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired, cache);
-  if (r == Push::kOk) return true;
-  // The CQ has overrun: the completion is lost and the application learns it
-  // from an IBV_EVENT_CQ_ERR, once.
-  if (r == Push::kFull && !(cqs_[cq_index].flags & layout::kCqIgnoreOverrun) &&
-      !cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed)) {
-    uint32_t gen = table<layout::CqEntry>(layout_.cq_table)[cq_index].generation;
-    raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, gen));
-  }
-  return false;
+  return [this, cq_index, &cqe, cache, e, f]() __attribute__((noinline, cold)) {
+    if (f == Fast::kArmed) {
+      armed_push(self_peer_, true, cq_index, e, cqe, cqs_, chans_);
+      return true;
+    }
+    bool fired = false;
+    Push r = push_shared_cqe(self_peer_, cq_index, cqe, &fired, cache);
+    if (r == Push::kOk) return true;
+    // The CQ has overrun: the completion is lost and the application learns
+    // it from an IBV_EVENT_CQ_ERR, once.
+    if (r == Push::kFull && !(cqs_[cq_index].flags & layout::kCqIgnoreOverrun) &&
+        !cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed)) {
+      uint32_t gen = table<layout::CqEntry>(layout_.cq_table)[cq_index].generation;
+      raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, gen));
+    }
+    return false;
+  }();
 }
 
 bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
                                  RingCache* cache) noexcept {
   layout::CqEntry* e = peer.cq(cq_index);
-  if (push_common(peer, &peer == &self_peer_, cq_index, e, cqe, cache, cqs_, chans_)) [[likely]]
+  const Fast f = push_common(peer, e, cqe, cache);
+  if (f == Fast::kPushed) [[likely]]
     return true;
-  bool fired = false;
-  Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
-  if (r == Push::kOk) return true;
-  if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
-    const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
-  return false;
+  return [this, &peer, cq_index, &cqe, cache, e, f]() __attribute__((noinline, cold)) {
+    if (f == Fast::kArmed) {
+      armed_push(peer, &peer == &self_peer_, cq_index, e, cqe, cqs_, chans_);
+      return true;
+    }
+    bool fired = false;
+    Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
+    if (r == Push::kOk) return true;
+    if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
+      const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
+    return false;
+  }();
 }
 
 int LocalContext::poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept {

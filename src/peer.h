@@ -27,12 +27,16 @@ struct HomeDevice;  // directory.h
 
 // The last ring a caller attached through Peer::ring, to skip validating
 // the same geometry again (a QP's target receive queue and CQ). Keyed by the
-// peer context and every untrusted value the view was built from; private to
-// its user (the QP's send lock).
+// peer object's stamp (Peer::stamp, unique in the process; a Peer's mapping,
+// slot and generation are set once when it is made, so the stamp implies
+// them; an empty cache has 0, which no Peer has) and the untrusted values
+// the view was built from that decide where its slots are: offset, capacity
+// and stride. (bytes follows from capacity and stride in every ring that
+// validates: Peer::ring requires bytes == Ring::bytes_for(capacity, stride).)
+// Private to its user (the QP's send lock).
 struct RingCache {
-  const char* base = nullptr;  // the peer's mapping the view points into
-  uint32_t slot = ~0u, generation = 0;
-  uint64_t offset = 0, bytes = 0;
+  uint64_t stamp = 0;  // the Peer the view points into
+  uint64_t offset = 0;
   uint32_t capacity = 0, stride = 0;
   Ring ring;
 };
@@ -98,18 +102,18 @@ struct Peer {
   // A ring described by untrusted values: attached only when the geometry
   // is valid and the whole ring lies inside this segment's heap.
   bool ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out) const noexcept;
-  // The same, answered from *cache when it holds this very ring (nullptr: no cache).
-  bool ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out,
-            RingCache* cache) const noexcept {
-    if (cache && cache->base == base && cache->slot == slot && cache->generation == generation &&
-        cache->offset == offset &&
-        cache->bytes == bytes && cache->capacity == capacity && cache->stride == stride) {
-      *out = cache->ring;
-      return true;
-    }
-    if (!ring(offset, bytes, capacity, stride, out)) return false;
-    if (cache) *cache = RingCache{base, slot, generation, offset, bytes, capacity, stride, *out};
-    return true;
+  // The same, answered from *cache when it holds this very ring (nullptr: no
+  // cache): the cached view itself (*out is not written then) or, when it
+  // does not, *out validated afresh (and cached). nullptr when the geometry
+  // does not validate.
+  Ring* ring(uint64_t offset, uint64_t bytes, uint32_t capacity, uint32_t stride, Ring* out,
+             RingCache* cache) const noexcept {
+    if (cache && cache->stamp == stamp && cache->offset == offset && cache->capacity == capacity &&
+        cache->stride == stride) [[likely]]
+      return &cache->ring;
+    if (!ring(offset, bytes, capacity, stride, out)) return nullptr;
+    if (cache) *cache = RingCache{stamp, offset, capacity, stride, *out};
+    return out;
   }
   // Still the same process that we mapped (pid + start time)?
   bool alive() const noexcept;

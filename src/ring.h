@@ -342,7 +342,8 @@ class Ring {
         if (shared_->producer_pos.compare_exchange_weak(
                 pos, pos + 1, std::memory_order_relaxed,
                 std::memory_order_relaxed)) {
-          return {RingStatus::ok, handle(pos)};
+          // handle(pos), from the slot address formed above.
+          return {RingStatus::ok, {reinterpret_cast<std::byte*>(h) + kRingSlotHeaderBytes, pos}};
         }
       } else if (dist < 0) {
         // The slot still holds an item of the previous lap.
@@ -406,16 +407,21 @@ class Ring {
       return RingStatus::invalid;
     const RingResult r = try_reserve();
     if (!r) return r.status;
-    if (len == 56)
-      std::memcpy(r.handle.payload, src, 56);  // a CQE (layout.h): a fixed-size copy, inlined
-    else if (len != 0)
-      std::memcpy(r.handle.payload, src, len);
-    uint32_t expect = r.handle.pos;
-    // R1 on success (release); the failure value is not used for data.
-    if (header(r.handle.pos)->seq.compare_exchange_strong(expect, r.handle.pos + 1, std::memory_order_release,
-                                                           std::memory_order_relaxed))
-      return RingStatus::ok;
-    return RingStatus::abandoned;
+    if (len != 0) std::memcpy(r.handle.payload, src, len);
+    return publish_cas(r.handle);
+  }
+
+  // try_push_cas of an item of exactly N bytes that fits every slot a valid
+  // geometry has (N <= kMinStride - header: a CQE, layout.h), so there is no
+  // length check and the copy is of a fixed size, inlined. src: N bytes.
+  template <std::size_t N>
+  RingStatus try_push_cas_fixed(const void* src) const noexcept {
+    static_assert(N <= kMinStride - kRingSlotHeaderBytes, "every valid slot holds it");
+    assert(attached());
+    const RingResult r = try_reserve();
+    if (!r) return r.status;
+    std::memcpy(r.handle.payload, src, N);
+    return publish_cas(r.handle);
   }
 
   // ---------------------------------------------------------------- consumer
@@ -661,6 +667,18 @@ class Ring {
       }
     }
     return {RingStatus::contended, {}};
+  }
+
+  // The CAS publication of try_push_cas: seq pos -> pos + 1 on the slot of
+  // h, a handle try_reserve gave (payload is its slot's address + the header,
+  // so the header is found without forming the address again).
+  RingStatus publish_cas(RingHandle h) const noexcept {
+    auto* hdr = reinterpret_cast<RingSlotHeader*>(h.payload - kRingSlotHeaderBytes);
+    uint32_t expect = h.pos;
+    // R1 on success (release); the failure value is not used for data.
+    if (hdr->seq.compare_exchange_strong(expect, h.pos + 1, std::memory_order_release, std::memory_order_relaxed))
+      return RingStatus::ok;
+    return RingStatus::abandoned;
   }
 
   static bool valid_arguments(const RingShared* shared, const void* slots,

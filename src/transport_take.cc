@@ -266,26 +266,27 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
   const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
   uint32_t srq_index = t->srq_index;
-  Ring rq;
+  // The receive ring's validated view: the QP's cached one (Peer::ring with
+  // target_rq_cache), used in place, or `fresh`.
+  Ring fresh;
+  Ring* rqp = nullptr;
   layout::SrqEntry* se = nullptr;
   if (xrc) {
     se = xrc->se;
     srq_index = xrc->srq_index;
-    if (!rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
-      *status = IBV_WC_REM_OP_ERR;
-      return Deliver::kGone;
-    }
+    rqp = rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &fresh, &qp->target_rq_cache);
   } else if (srq_index != layout::kNoIndex) {
     se = peer.srq(srq_index);
-    if (!se || se->state.load(std::memory_order_acquire) != layout::kLive ||
-        !peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &rq, &qp->target_rq_cache)) {
-      *status = IBV_WC_REM_OP_ERR;
-      return Deliver::kGone;
-    }
-  } else if (!peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &rq, &qp->target_rq_cache)) {
+    if (se && se->state.load(std::memory_order_acquire) == layout::kLive)
+      rqp = peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &fresh, &qp->target_rq_cache);
+  } else {
+    rqp = peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &fresh, &qp->target_rq_cache);
+  }
+  if (!rqp) [[unlikely]] {
     *status = IBV_WC_REM_OP_ERR;
     return Deliver::kGone;
   }
+  Ring& rq = *rqp;
   if (rnr_wait && qp->rnr_backoff) {
     // The last attempt found no receive (an RNR NAK). Hardware retries after
     // the responder's RNR timer; we go on as soon as a batch of receives is
