@@ -213,8 +213,11 @@ class LocalContext {
     cqe_to_wc(payload, w);
     static_assert(offsetof(layout::Cqe, timestamp) == 6 * 8);
     if (ts) *ts = __atomic_load_n(reinterpret_cast<const uint64_t*>(payload) + 6, __ATOMIC_RELAXED);
-    // The status, from the private copy, to a valid ibv_wc_status.
-    if (static_cast<uint32_t>(w->status) > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
+    // The status, from the private copy, to a valid ibv_wc_status (read as
+    // a number: it is no valid enum value yet).
+    uint32_t status;
+    std::memcpy(&status, &w->status, sizeof status);
+    if (status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
       w->status = IBV_WC_GENERAL_ERR;
     // Before the release: flush_qp reads the ring, then this (see
     // recv_completion_delivered). From the private copy just written.
