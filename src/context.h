@@ -7,6 +7,8 @@
 // rings are lock-free.
 #pragma once
 
+#include <emmintrin.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -95,7 +97,7 @@ inline constexpr uint32_t kRereg_ChangeTranslation = 1u << 0;
 inline constexpr uint32_t kRereg_ChangePd = 1u << 1;
 inline constexpr uint32_t kRereg_ChangeAccess = 1u << 2;
 
-// LocalContext::cqe_to_wc moves a CQE into an ibv_wc word by word.
+// LocalContext::cqe_to_wc moves a CQE into an ibv_wc 16 bytes at a time.
 static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, wr_id) == offsetof(layout::Cqe, wr_id) &&
               offsetof(ibv_wc, status) == offsetof(layout::Cqe, status) &&
               offsetof(ibv_wc, opcode) == offsetof(layout::Cqe, opcode) &&
@@ -202,49 +204,57 @@ class LocalContext {
     return got;
   }
   // Takes position p's slot h, found published for p (Ring::published_for):
-  // converts its CQE into *w (cqe_to_wc: every shared word read once; *ts
+  // converts its CQE into *w (cqe_to_wc: every shared byte read once; *ts
   // its timestamp), notes a receive completion's take tag, and gives the
   // slot back (Ring::release_sc). The single consumer's, like poll_cq_wc.
   [[gnu::always_inline]] void take_cqe(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
                                        uint64_t* ts = nullptr) noexcept {
     const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
-    const uint8_t tag = cqe_to_wc(payload, w);
+    cqe_to_wc(payload, w);
     static_assert(offsetof(layout::Cqe, timestamp) == 6 * 8);
     if (ts) *ts = __atomic_load_n(reinterpret_cast<const uint64_t*>(payload) + 6, __ATOMIC_RELAXED);
+    // The status, from the private copy, to a valid ibv_wc_status (read as
+    // a number: it is no valid enum value yet).
+    uint32_t status;
+    std::memcpy(&status, &w->status, sizeof status);
+    if (status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
+      w->status = IBV_WC_GENERAL_ERR;
     // Before the release: flush_qp reads the ring, then this (see
     // recv_completion_delivered). From the private copy just written.
     if ((w->opcode & IBV_WC_RECV) && w->status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
       const uint32_t qi = layout::qpn_index(w->qp_num);
+      const uint8_t tag = reinterpret_cast<const uint8_t*>(w)[kWcTakeTag];
       if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
     }
     ring.release_sc(h, p);
   }
-  // One CQE from its ring slot (untrusted: each 8-byte word is read once)
-  // into an ibv_wc, whose first 46 bytes have the Cqe's layout: enums,
-  // QP numbers, flags and the SL clamped to what they may hold. Returns the
-  // CQE's take tag.
-  static uint8_t cqe_to_wc(const std::byte* payload, ibv_wc* w) noexcept {
-    const auto* q = reinterpret_cast<const uint64_t*>(payload);
-    constexpr uint64_t kFlags = IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
+  // One CQE from its ring slot (untrusted: every byte is read once, in
+  // three 16-byte loads) into an ibv_wc, whose first 46 bytes have the
+  // Cqe's layout: each 16 bytes are masked in their register (opcode to 8
+  // bits, QP numbers to 24, wc_flags to the flags that exist, the SL to 4
+  // bits, the CQE's flags byte cleared) and stored; the last byte, padding in
+  // an ibv_wc, keeps the CQE's take tag (take_cqe reads it from there). The
+  // caller then clamps the status, a private copy by now (take_cqe).
+  static void cqe_to_wc(const std::byte* payload, ibv_wc* w) noexcept {
+    constexpr uint32_t kFlags = IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
                                 IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
-    auto* out = reinterpret_cast<char*>(w);
-    // Word by word, each loaded, clamped and stored before the next one is
-    // loaded: few registers live, so the poll saves none.
-    auto get = [q](int i) { return __atomic_load_n(q + i, __ATOMIC_RELAXED); };
-    auto put = [out](int i, uint64_t v) { std::memcpy(out + 8 * i, &v, 8); };
-    put(0, get(0));
-    const uint64_t w1 = get(1);
-    uint64_t status = static_cast<uint32_t>(w1);
-    if (status > IBV_WC_TM_RNDV_INCOMPLETE) status = IBV_WC_GENERAL_ERR;
-    put(1, status | (w1 & (uint64_t{0xff} << 32)));                           // status, opcode (8 bits)
-    put(2, get(2));                                                            // vendor_err, byte_len
-    put(3, get(3) & ((uint64_t{limits::kQpnMask} << 32) | 0xffffffffu));      // imm_data, qp_num
-    const uint64_t w4 = get(4);
-    put(4, (w4 & limits::kQpnMask) | (w4 & (kFlags << 32)));                   // src_qp, wc_flags
-    const uint64_t w5 = get(5);
-    put(5, w5 & 0x0000ff0fffffffffull);  // pkey_index, slid, sl (4 bits), dlid_path_bits; then padding
-    return static_cast<uint8_t>(w5 >> 56);
+    constexpr int kAll = -1;
+    // _mm_set_epi32 takes the 32-bit lanes from the highest to the lowest.
+    const __m128i m0 = _mm_set_epi32(0xff, kAll, kAll, kAll);                     // wr_id, status, opcode
+    const __m128i m1 = _mm_set_epi32(limits::kQpnMask, kAll, kAll, kAll);         // vendor_err .. qp_num
+    const __m128i m2 = _mm_set_epi32(static_cast<int>(0xff00ff0fu), kAll, kFlags,
+                                     limits::kQpnMask);  // src_qp .. dlid_path_bits, (flags), take_tag
+    const auto* in = reinterpret_cast<const __m128i*>(payload);
+    auto* out = reinterpret_cast<__m128i*>(w);
+    _mm_storeu_si128(out, _mm_and_si128(_mm_loadu_si128(in), m0));
+    _mm_storeu_si128(out + 1, _mm_and_si128(_mm_loadu_si128(in + 1), m1));
+    _mm_storeu_si128(out + 2, _mm_and_si128(_mm_loadu_si128(in + 2), m2));
+    // What follows reads the copy from *w (two compares with memory
+    // operands) rather than picking the fields out of the registers.
+    asm("" : "+m"(*w));
   }
+  static constexpr std::size_t kWcTakeTag = 47;  // cqe_to_wc: the take tag in ibv_wc's padding
+  static_assert(offsetof(ibv_wc, dlid_path_bits) + 1 < kWcTakeTag && sizeof(ibv_wc) == kWcTakeTag + 1);
 
   // Receive work queues (IBV_WQT_RQ).
   int create_wq(uint32_t pd, uint32_t cq, uint32_t max_wr, uint32_t max_sge, WqInfo* out) noexcept;

@@ -472,6 +472,63 @@ TEST_F(ContextTest, PollReturnsAtMostN) {
   EXPECT_EQ(ctx_->poll_cq(c, 5, buf), 0);
 }
 
+// A CQE in the CQ's ring comes from any producer (peers too): poll_cq hands
+// out every field that holds a valid value as it is, and clamps the rest.
+TEST_F(ContextTest, PollClampsAGarbageCqe) {
+  CqInfo c = cq(16);
+  layout::Cqe good{};
+  good.wr_id = 0x0123456789abcdefull;
+  good.status = IBV_WC_REM_ACCESS_ERR;
+  good.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+  good.vendor_err = 0x12345678;
+  good.byte_len = 0x9abcdef0;
+  good.imm_data = 0xdeadbeef;
+  good.qp_num = 0xabcdef;
+  good.src_qp = 0x123456;
+  good.wc_flags = IBV_WC_GRH | IBV_WC_WITH_IMM;
+  good.pkey_index = 0xbeef;
+  good.slid = 0xcafe;
+  good.sl = 0xa;
+  good.dlid_path_bits = 0x7f;
+  good.flags = 0xff;
+  layout::Cqe bad;
+  std::memset(&bad, 0xff, sizeof bad);
+  ASSERT_EQ(c.ring.try_push_cas(&good, sizeof good), RingStatus::ok);
+  ASSERT_EQ(c.ring.try_push_cas(&bad, sizeof bad), RingStatus::ok);
+  ibv_wc wc[2];
+  std::memset(wc, 0x5a, sizeof wc);
+  ASSERT_EQ(ctx_->poll_cq(c, 2, wc), 2);
+  EXPECT_EQ(wc[0].wr_id, good.wr_id);
+  EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(wc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(wc[0].vendor_err, good.vendor_err);
+  EXPECT_EQ(wc[0].byte_len, good.byte_len);
+  EXPECT_EQ(wc[0].imm_data, good.imm_data);
+  EXPECT_EQ(wc[0].qp_num, good.qp_num);
+  EXPECT_EQ(wc[0].src_qp, good.src_qp);
+  EXPECT_EQ(wc[0].wc_flags, unsigned{IBV_WC_GRH | IBV_WC_WITH_IMM});
+  EXPECT_EQ(wc[0].pkey_index, good.pkey_index);
+  EXPECT_EQ(wc[0].slid, good.slid);
+  EXPECT_EQ(wc[0].sl, good.sl);
+  EXPECT_EQ(wc[0].dlid_path_bits, good.dlid_path_bits);
+  EXPECT_EQ(wc[1].wr_id, ~uint64_t{0});
+  EXPECT_EQ(wc[1].status, IBV_WC_GENERAL_ERR);
+  EXPECT_EQ(static_cast<uint32_t>(wc[1].opcode), 0xffu);
+  EXPECT_EQ(wc[1].vendor_err, ~0u);
+  EXPECT_EQ(wc[1].byte_len, ~0u);
+  EXPECT_EQ(wc[1].qp_num, limits::kQpnMask);
+  EXPECT_EQ(wc[1].src_qp, limits::kQpnMask);
+  EXPECT_EQ(wc[1].wc_flags, unsigned{IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
+                                     IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID});
+  EXPECT_EQ(wc[1].pkey_index, 0xffff);
+  EXPECT_EQ(wc[1].slid, 0xffff);
+  EXPECT_EQ(wc[1].sl, 0xf);
+  EXPECT_EQ(wc[1].dlid_path_bits, 0xff);
+  // The CQE's flags byte does not reach the ibv_wc's padding after dlid_path_bits.
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(&wc[0])[offsetof(ibv_wc, dlid_path_bits) + 1], 0);
+  EXPECT_EQ(ctx_->poll_cq(c, 2, wc), 0);
+}
+
 TEST_F(ContextTest, InspectSeesLiveObjects) {
   uint32_t p0 = pd(), p1 = pd();
   CqInfo c0 = cq(), c1 = cq();
