@@ -413,15 +413,15 @@ TEST_F(CmFaults, DaemonKilledKeepsEstablishedQps) {
 // (`rstream:v`, `riostream:bv`, `rstream:abv`...; `1` runs all six). The `cm`
 // test skips them (no SHMRDMA_CM_RSOCKETS).
 //
-// Where a table's time goes (measured on this 2-vCPU VM, see the rsock
-// branch's report): ~26-38 s idle per table; per connection rstream makes
-// 828,600 latency round trips and as many bandwidth transfers each way and
-// moves ~12 GB each way, every byte formatted and checked by rstream's own
-// byte loops and copied by rsockets into and out of its buffers and once by
-// us (the RDMA WRITE): in a 1 MiB bandwidth run, format_buf/verify_buf take
-// ~29% of the client's CPU, rsend/rrecv's copies ~9%, ours ~4%. The nonblocking data path makes no system call; blocking
-// and rpoll sleep on the completion channel only after rsockets' 10 us of
-// polling. Under other load the latency tables are slow because both ends
+// Where a table's time goes (measured on a 2-vCPU VM with perf and strace):
+// ~26-38 s idle per table; per connection rstream makes 828,600 latency
+// round trips and as many bandwidth transfers each way and moves ~12 GB each
+// way, every byte formatted and checked by rstream's own byte loops and
+// copied by rsockets into and out of its buffers and once by us (the RDMA
+// WRITE): in a 1 MiB bandwidth run, format_buf/verify_buf take ~29% of the
+// client's CPU, rsend/rrecv's copies ~9%, ours ~4%. The nonblocking data
+// path makes no system call; blocking and rpoll sleep on the completion
+// channel only after rsockets' 10 us of polling. Under other load the latency tables are slow because both ends
 // are busy pollers (nonblocking rstream never sleeps; riostream's receiver
 // spins on its buffer): each round trip waits for the scheduler to run the
 // peer, milliseconds per round trip when every CPU has ten runnable tasks.
