@@ -35,6 +35,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->wqs_.resize(c->layout_.wq_slots);
     c->inds_.resize(c->layout_.ind_slots);
     c->mrs_.resize(c->layout_.mr_slots);
+    c->mr_slots_ = static_cast<uint32_t>(c->mrs_.size());
     c->qps_.resize(c->layout_.qp_slots);
     c->live_qps_.reserve(c->layout_.qp_slots);
     c->last_recv_tag_.reset(new std::atomic<uint8_t>[c->layout_.qp_slots]());

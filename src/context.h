@@ -539,6 +539,14 @@ class LocalContext {
   // yet). transport_internal.h.
   bool remote_hit(Qp* qp, const Peer& peer, uint32_t key, bool rkey, uint32_t pd, uint32_t need, uint64_t addr,
                   uint64_t len, Remote* out) const noexcept;
+  // execute_fast's WRITE: the local address of [addr, addr + len) in the
+  // peer's MR `rkey` from the rkey cache's one-word tag, or nullptr
+  // (remote_hit or resolve_remote decide). transport_internal.h.
+  static uint8_t* remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr, uint64_t len) noexcept;
+  [[gnu::noinline]] int write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& wr, uint8_t* dst, IoVec local,
+                                        uint64_t len) noexcept;
+  // resolve_remote: sets or clears rc's one-word WRITE hit (Qp::RemoteKeyCache::wtag).
+  static void arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept;
   // The WQE at sq_exec failed: its completion, then the error state (caller holds qp->sq_lock).
   void fail_head(Qp* qp, SendSlot* s, uint32_t status) noexcept;
   Exec execute_ud(Qp* qp, SendSlot* s, uint32_t* status) noexcept;
@@ -650,6 +658,7 @@ class LocalContext {
   std::vector<WqState_> wqs_;
   std::vector<IndState> inds_;
   std::vector<MrState> mrs_;
+  uint32_t mr_slots_ = 0;  // mrs_.size(), fixed at create (post_send's bound check)
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<Qp*> live_qps_;  // the non-null entries of qps_, for progress_all
   // Per QP index: the take tag of the last receive completion an initiator

@@ -173,6 +173,11 @@ struct SendSlot {
 };
 
 struct Qp {
+  // TargetCache::wpd without remote write (pd_index values >= this are
+  // never cached), RemoteKeyCache::wtag without a WRITE hit.
+  static constexpr uint32_t kNoWritePd = 0xfffffffe;
+  static constexpr uint64_t kNoWriteTag = ~uint64_t{0};
+
   uint32_t index = 0;
   uint32_t qpn = 0;
   uint32_t qp_type = IBV_QPT_RC;
@@ -245,6 +250,10 @@ struct Qp {
     layout::QpEntry* entry = nullptr;
     uint32_t version = 0;
     uint32_t access = 0, pd = 0;
+    // The PD a WRITE's rkey must be in, when the entry grants remote write
+    // (else kNoWritePd): half of the one word RemoteKeyCache::wtag is
+    // compared with.
+    uint32_t wpd = kNoWritePd;
   };
   TargetCache tgt;
   std::shared_ptr<Peer> xrc_peer;  // XRC_SEND: the owner of the SRQ named last
@@ -289,7 +298,17 @@ struct Qp {
     uint32_t gen = 1;  // odd: matches no stable seqlock value
     MrSnapshot snap;
     std::shared_ptr<PeerMapping> map;
+    // A WRITE's hit in one word (transport_internal.h remote_write_hit):
+    // key << 32 | snap.pd, set (LocalContext::arm_write_hit) only while the
+    // snapshot is an MR's that grants remote write, is not on-demand, has a
+    // PD below kNoWritePd and a range that does not wrap, and whose every
+    // byte is reachable here: wbase is the local address of its iova (the
+    // target is this process, or the MR lies wholly inside `map`). Else
+    // kNoWriteTag (its low half matches no TargetCache::wpd).
+    uint64_t wtag = kNoWriteTag;
+    uint8_t* wbase = nullptr;
   };
+
   // One for rkeys (WRITE/READ/atomic targets), one for the lkeys of the
   // target's receive buffers (SEND), so a QP that does both keeps both.
   RemoteKeyCache rkey_cache, recv_key_cache;

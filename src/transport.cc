@@ -111,6 +111,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
       rc.gen = g;
       rc.snap = sn;
       rc.map.reset();
+      arm_write_hit(rc, peer);
     }
   }
   const Qp::MrSnapshot& sn = *snp;
@@ -147,7 +148,10 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
       qp->map_cache_last = i;
       out->local = c.map->base + (out->host - map_start);
       out->mapped = true;
-      if (this_snapshot) rc.map = c.map;
+      if (this_snapshot) {
+        rc.map = c.map;
+        arm_write_hit(rc, peer);
+      }
       return true;
     }
   }
@@ -158,7 +162,10 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   slot.peer_stamp = peer.stamp;
   slot.memfd = sn.memfd;
   slot.map_id = sn.map_id;
-  if (this_snapshot) rc.map = m;
+  if (this_snapshot) {
+    rc.map = m;
+    arm_write_hit(rc, peer);
+  }
   out->local = m->base + (out->host - map_start);
   out->mapped = true;
   return true;

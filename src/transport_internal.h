@@ -141,4 +141,44 @@ inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, boo
   return true;
 }
 
+// The WRITE's hit in one word: the cache names this peer, and its tag says
+// the key, the target QP's PD (TargetCache::wpd, kNoWritePd when the QP
+// does not grant remote write) and everything arm_write_hit checked of the
+// snapshot; then, as remote_hit, the entry is live with the seqlock value
+// of the snapshot (another process writes it), and the range is inside the
+// MR (iova + length does not wrap: arm_write_hit).
+inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
+                                               uint64_t len) noexcept {
+  const Qp::RemoteKeyCache& rc = qp->rkey_cache;
+  if (rc.peer_stamp != peer.stamp || rc.wtag != (uint64_t{rkey} << 32 | qp->tgt.wpd)) return nullptr;
+  auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
+  if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
+      std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
+    return nullptr;
+  const uint64_t off = addr - rc.snap.iova;  // below iova: wraps past length (no wrap in the MR's range)
+  if (off > rc.snap.length || len > rc.snap.length - off) return nullptr;
+  return rc.wbase + off;
+}
+
+inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept {
+  rc.wtag = Qp::kNoWriteTag;
+  rc.wbase = nullptr;
+  const Qp::MrSnapshot& sn = rc.snap;
+  if (!rc.entry || !rc.rkey || rc.peer_stamp != peer.stamp || sn.kind != layout::kKindMr || sn.key != rc.key) return;
+  if (!(sn.access & IBV_ACCESS_REMOTE_WRITE) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
+  if (sn.iova + sn.length < sn.iova) return;  // a range that wraps
+  uint8_t* base;
+  if (peer.self_process) {
+    base = reinterpret_cast<uint8_t*>(sn.host);
+  } else {
+    // The whole MR inside the mapping: every range of it is (remote_hit's check).
+    if (sn.tier != layout::kTierMapped || !rc.map || sn.host < sn.map_start || sn.length > sn.map_len ||
+        sn.host - sn.map_start > sn.map_len - sn.length)
+      return;
+    base = rc.map->base + (sn.host - sn.map_start);
+  }
+  rc.wbase = base;
+  rc.wtag = uint64_t{rc.key} << 32 | sn.pd;
+}
+
 }  // namespace shmrdma

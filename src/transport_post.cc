@@ -142,7 +142,9 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   const uint32_t ts = t->qp_state.load(std::memory_order_acquire);  // pairs with the owner's release in modify_qp
   if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || t->dest_qpn != qp->qpn || t->dest_device != dir_.self_id())
     return nullptr;
-  qp->tgt = Qp::TargetCache{peer.stamp, t, v, t->access, t->pd_index};
+  const uint32_t access = t->access, pd = t->pd_index;
+  const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
+  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd};
   return t;
 }
 
@@ -185,10 +187,7 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
       local[0] = {wr.num_sge > 1 ? gather_inline(qp, wr) : reinterpret_cast<void*>(g.addr), len};
     } else {
       const uint32_t i = layout::key_index(g.lkey);
-      // i < mrs_.size(), in bytes (no division by the entry's size).
-      if (size_t{i} * sizeof(MrState) >= static_cast<size_t>(reinterpret_cast<const char*>(std::to_address(mrs_.end())) -
-                                                             reinterpret_cast<const char*>(mrs_.data())))
-          [[unlikely]]
+      if (i >= mr_slots_) [[unlikely]]  // mrs_.size()
         return Exec::kNotHandled;
       const MrState& m = mrs_[i];
       const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
@@ -203,17 +202,11 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   const uint32_t op = wr.opcode;
   if (op <= IBV_WR_RDMA_WRITE_WITH_IMM) {
     if (len) {
-      Remote rm;
-      if (!(qp->tgt.access & IBV_ACCESS_REMOTE_WRITE) ||
-          !remote_hit(qp, peer, wr.wr.rdma.rkey, true, qp->tgt.pd, IBV_ACCESS_REMOTE_WRITE, wr.wr.rdma.remote_addr,
-                      len, &rm)) [[unlikely]]
-        return Exec::kNotHandled;
-      const bool direct = rm.local != nullptr;
-      IoVec remote{direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host), len};
-      // A failed move is moved again, and reported, by the general path.
-      if (!(direct && move_out_small(rm.local, local[0].base, len)) &&
-          move_out(peer.pid, direct, local, 1, &remote, 1, true))
-        return Exec::kNotHandled;
+      // The one-word hit (remote_write_hit); else remote_hit's, which also
+      // answers for MRs moved with CMA.
+      uint8_t* dst = remote_write_hit(qp, peer, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
+      if (!dst || !move_out_small(dst, local[0].base, len)) [[unlikely]]
+        if (write_fast_slow(qp, peer, wr, dst, local[0], len)) return Exec::kNotHandled;
     }
     if (op == IBV_WR_RDMA_WRITE) {
       count::sent_rc(cnt_, qp, IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
@@ -269,6 +262,27 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
 
 }  // namespace
 
+// execute_fast's WRITE of len bytes from `local` that remote_write_hit did
+// not answer (dst nullptr) or move_out_small did not move: remote_hit, and
+// move_out. 0, or nonzero when the general path must take the WQE (a miss,
+// or a failed move, which it moves again and reports).
+int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& wr, uint8_t* dst, IoVec local,
+                                  uint64_t len) noexcept {
+  bool direct = dst != nullptr;
+  IoVec remote{dst, len};
+  if (!direct) {
+    Remote rm;
+    if (!(qp->tgt.access & IBV_ACCESS_REMOTE_WRITE) ||
+        !remote_hit(qp, peer, wr.wr.rdma.rkey, true, qp->tgt.pd, IBV_ACCESS_REMOTE_WRITE, wr.wr.rdma.remote_addr,
+                    len, &rm))
+      return 1;
+    direct = rm.local != nullptr;
+    remote.base = direct ? static_cast<void*>(rm.local) : reinterpret_cast<void*>(rm.host);
+    if (direct && move_out_small(rm.local, local.base, len)) return 0;
+  }
+  return move_out(peer.pid, direct, &local, 1, &remote, 1, true);
+}
+
 // ibv_post_send's common case, one WR straight from the application's
 // ibv_send_wr into the send slot (no intermediate SendWr), then executed at
 // once under the same lock: RC and UC QPs, the operations that need nothing
@@ -286,15 +300,15 @@ inline void fill_header(Qp* qp, SendSlot* s, const ibv_send_wr& wr, uint64_t tot
   uint64_t total = 0;
   bool inl = false;
   bool fast;  // the shape execute_fast takes: WRITE .. SEND_WITH_IMM with at most one SGE
-  if (wr.num_sge == 1 && op <= IBV_WR_SEND_WITH_IMM && (type == IBV_QPT_RC || type == IBV_QPT_UC)) [[likely]] {
+  if (wr.num_sge == 1 && op <= IBV_WR_SEND_WITH_IMM && (type == IBV_QPT_RC || type == IBV_QPT_UC) &&
+      qp->state() == IBV_QPS_RTS) [[likely]] {
     // The common WR, with check_send_shape's answer for one SGE of an
-    // operation that carries data out (inline applies, no atomic's rule).
-    const uint32_t st = qp->state();
-    if (st == IBV_QPS_RESET || st == IBV_QPS_INIT || st == IBV_QPS_RTR) return EINVAL;
-    if (!sg || !qp->caps.max_send_sge) return EINVAL;
+    // operation that carries data out (inline applies, no atomic's rule;
+    // caps.max_send_sge is at least 1: qp.cc).
+    if (!sg) return EINVAL;
     total = sg->length;
     inl = wr.send_flags & IBV_SEND_INLINE;
-    if ((inl && total > qp->caps.max_inline_data) || total > (uint64_t{1} << 31)) return EINVAL;
+    if (total > (inl ? uint64_t{qp->caps.max_inline_data} : uint64_t{1} << 31)) return EINVAL;  // max_msg_sz: 2^31
     fast = true;
   } else {
     // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
