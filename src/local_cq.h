@@ -104,26 +104,30 @@ class LocalCq {
   // ----------------------------------------------------------- consumer
 
   // Takes up to n (>= 1) completions into wc; the caller is the single
-  // consumer (it holds the CQ's poll lock). Clears `ready` when it leaves
-  // the FIFO empty (see the top of this file).
-  [[gnu::always_inline]] int take(int n, ibv_wc* wc) noexcept {
+  // consumer (it holds the CQ's poll lock). When it finds the next slot
+  // unpublished it clears `ready` (*this->ready, passed by the provider,
+  // which has it at hand) and looks again (see the top of this file); a take
+  // that stops at n leaves it set, so the poll that finds the FIFO empty
+  // clears it (one busier empty poll after a burst, none per completion).
+  [[gnu::always_inline]] int take(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
     uint32_t pos = head_;
-    LocalCqSlot* s = slots_ + (pos & mask_);
     int got = 0;
-    while (s->seq.load(std::memory_order_acquire) == pos + 1) {
+    for (;;) {
+      LocalCqSlot* s = slots_ + (pos & mask_);
+      if (s->seq.load(std::memory_order_acquire) != pos + 1) {
+        rdy.exchange(0, std::memory_order_acq_rel);
+        if (s->seq.load(std::memory_order_acquire) == pos + 1) rdy.store(1, std::memory_order_relaxed);
+        break;
+      }
       std::memcpy(&wc[got], &s->wc, sizeof(ibv_wc));
       s->seq.store(pos + mask_ + 1, std::memory_order_release);
       ++pos;
-      s = slots_ + (pos & mask_);
       if (++got == n) break;
     }
     head_ = pos;
-    if (s->seq.load(std::memory_order_acquire) != pos + 1) [[likely]] {
-      ready->exchange(0, std::memory_order_acq_rel);
-      if (s->seq.load(std::memory_order_acquire) == pos + 1) ready->store(1, std::memory_order_relaxed);
-    }
     return got;
   }
+  int take(int n, ibv_wc* wc) noexcept { return take(n, wc, *ready); }
 
   // --------------------------------------------- with producers stopped
 

@@ -427,7 +427,8 @@ void LocalContext::mark_pending(Qp* qp) noexcept {
 // FIFO of our own completions (local_cq.h), in the order they are made, so a
 // flush never overtakes an earlier success. (A CQ with completion
 // timestamps has no such FIFO: all its completions take the shared ring.)
-void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length, uint32_t status) noexcept {
+inline void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length,
+                                        uint32_t status) noexcept {
   count::send_completed(cnt_, qp, status);  // counters: send_err, retry counts
   const uint32_t byte_len = (opcode == IBV_WR_RDMA_READ || is_atomic(opcode)) ? static_cast<uint32_t>(length) : 0;
   if (LocalCq* l = qp->send_local) [[likely]] {
@@ -455,6 +456,15 @@ void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64
       own_send_armed(qp->send_cq, status);
     return;
   }
+  complete_send_shared(qp, wr_id, opcode, byte_len, status);
+}
+
+inline void LocalContext::complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept {
+  complete_send(qp, s->wr_id, s->opcode, s->length, status);
+}
+
+void LocalContext::complete_send_shared(Qp* qp, uint64_t wr_id, uint32_t opcode, uint32_t byte_len,
+                                        uint32_t status) noexcept {
   layout::Cqe c{};
   c.wr_id = wr_id;
   c.status = status;

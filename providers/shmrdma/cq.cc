@@ -109,7 +109,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 [[gnu::always_inline]] inline int take(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
   int own = 0;
   if (own_ready(cq)) [[unlikely]] {
-    own = cq->info.local->take(n, wc);
+    own = cq->info.local->take(n, wc, cq->local_ready);
     if (own > 0) core->note_taken(static_cast<uint32_t>(own));
     if (own == n) return own;
   }
@@ -373,7 +373,7 @@ namespace {
   if (!wc) [[unlikely]] return -EINVAL;
   if (!cq->poll_lock.try_lock()) [[unlikely]]
     return poll_contended(cq, core, num_entries, wc);
-  int got = cq->info.local->take(num_entries, wc);
+  int got = cq->info.local->take(num_entries, wc, cq->local_ready);
   core->note_taken(static_cast<uint32_t>(got));
   if (got < num_entries && next_ready(cq)) [[unlikely]]
     got += take_shared(cq, core, num_entries - got, wc + got);
@@ -390,12 +390,35 @@ namespace {
 // our own send completions wait, or it is the 1024th poll of the CQ (the
 // looks for dead peers and dead producers).
 [[gnu::noinline]] int poll_slow(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
-  if (core->progress_quiet(n)) [[likely]]  // only our own completions: nothing else to do
-    return poll_own(cq, core, num_entries, wc);
   core->progress_polled_slow(n);
   if ((n & 1023) == 0) yield_if_starved(cq, core);
   else if (!any_ready(cq)) return 0;
   return poll_locked(cq, core, num_entries, wc);
+}
+
+// The rest of poll_busy: room is left after our own completions and the
+// shared ring has some. Unlocks.
+[[gnu::noinline]] int poll_busy_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int got) noexcept {
+  core->note_taken(static_cast<uint32_t>(got));
+  got += take_shared(cq, core, num_entries - got, wc + got);
+  cq->poll_lock.unlock();
+  return got;
+}
+
+// poll_cq when progress_idle said no: usually only because our own send
+// completions wait (the context otherwise idle: progress_quiet). Then they
+// are taken here in straight-line code that calls nothing (no registers to
+// save), as poll_hit does for the shared ring; everything else goes to
+// poll_slow.
+[[gnu::noinline]] int poll_busy(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
+  if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock()) [[unlikely]]
+    return poll_slow(cq, core, n, num_entries, wc);
+  const int got = cq->info.local->take(num_entries, wc, cq->local_ready);
+  if (got < num_entries && next_ready(cq)) [[unlikely]]
+    return poll_busy_rest(cq, core, num_entries, wc, got);
+  core->note_taken(static_cast<uint32_t>(got));
+  cq->poll_lock.unlock();
+  return got;
 }
 
 [[gnu::noinline]] int poll_no_entries(LocalContext* core, int num_entries) noexcept {
@@ -418,7 +441,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
   if (!core->progress_idle(n, cq->local_ready)) [[unlikely]]
-    return poll_slow(cq, core, n, num_entries, wc);
+    return poll_busy(cq, core, n, num_entries, wc);
   if (!next_ready(cq)) return 0;
   return poll_hit(cq, core, num_entries, wc);
 }
