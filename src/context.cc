@@ -91,6 +91,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 
 LocalContext::~LocalContext() {
   close_channels();  // cq.cc: channel FIFOs the application did not destroy
+  for (const CqState& c : cqs_)
+    if (c.live) LocalCq::destroy(c.info.local);  // CQs the application did not destroy
   for (const XrcdState& x : xrcds_)
     if (x.live && x.lock_fd >= 0) ::close(x.lock_fd);  // XRC domains the application did not close
   for (const MrState& m : mrs_)

@@ -27,6 +27,7 @@
 #include "qp.h"
 #include "recv_queue.h"
 #include "registry.h"
+#include "local_cq.h"
 #include "ring.h"
 #include "segment.h"
 
@@ -48,6 +49,9 @@ struct CqInfo {
   uint32_t index;
   uint32_t capacity;
   Ring ring;
+  // Our own send completions (local_cq.h); nullptr for CQs with completion
+  // timestamps, whose send completions stay in the shared ring (below).
+  LocalCq* local = nullptr;
 };
 
 struct WqInfo {
@@ -357,6 +361,22 @@ class LocalContext {
     return (polls & 1023) != 0 && qps_pending_.load(std::memory_order_relaxed) == 0 &&
            header()->attention.load(std::memory_order_acquire) == attention_seen_;  // pairs with the peer's release
   }
+  // The same, and also false when the CQ's own send completions may be
+  // waiting (`local`: its LocalCq::ready word), folded into the test of
+  // qps_pending_ so that the empty poll costs nothing more (one OR).
+  bool progress_idle(uint32_t polls, const std::atomic<uint32_t>& local) noexcept {
+    __builtin_prefetch(warm_rq_slot_.load(std::memory_order_relaxed), 1);
+    __builtin_prefetch(warm_post_slot_.load(std::memory_order_relaxed), 1);
+    return (polls & 1023) != 0 &&
+           (qps_pending_.load(std::memory_order_relaxed) | local.load(std::memory_order_relaxed)) == 0 &&
+           header()->attention.load(std::memory_order_acquire) == attention_seen_;  // pairs with the peer's release
+  }
+  // progress_idle's answer when it was false only because of `local`: no
+  // prefetches this time (the caller made them).
+  bool progress_quiet(uint32_t polls) noexcept {
+    return (polls & 1023) != 0 && qps_pending_.load(std::memory_order_relaxed) == 0 &&
+           header()->attention.load(std::memory_order_acquire) == attention_seen_;  // pairs with the peer's release
+  }
   void progress_polled_slow(uint32_t polls) noexcept { progress_all_slow(polls); }
 
   // Completions taken from any CQ of this context (the provider's polls add
@@ -592,10 +612,17 @@ class LocalContext {
   void reclaim_dead_completion(Qp* qp) noexcept;
   void enter_send_error(Qp* qp) noexcept;
   void flush_send_queue(Qp* qp) noexcept;
-  void complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length, uint32_t status) noexcept;
-  void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept {
-    complete_send(qp, s->wr_id, s->opcode, s->length, status);
-  }
+  // Inline in transport_post.cc, its only caller (the push into the CQ's
+  // FIFO of own completions is a few instructions: no call for it).
+  [[gnu::always_inline]] inline void complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length,
+                                                   uint32_t status) noexcept;
+  // complete_send into the shared ring (a CQ with completion timestamps).
+  void complete_send_shared(Qp* qp, uint64_t wr_id, uint32_t opcode, uint32_t byte_len, uint32_t status) noexcept;
+  // cq.cc: complete_send's rare cases for a CQ's own send completions: the
+  // CQ is armed for this one (fire its event), or its FIFO is full (overrun).
+  void own_send_armed(uint32_t cq_index, uint32_t status) noexcept;
+  void own_send_overrun(uint32_t cq_index) noexcept;
+  inline void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept;  // transport_post.cc
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
   void progress_locked(Qp* qp) noexcept;  // caller holds qp->sq_lock

@@ -311,11 +311,25 @@ int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqIn
   Ring ring;
   uint64_t off = 0, bytes = 0;
   if (int rc = alloc_ring(capacity, kCqeStride, &ring, &off, &bytes)) return rc;
+  auto* e = table<layout::CqEntry>(layout_.cq_table) + i;
+  // Our own send completions get a private FIFO of the same capacity
+  // (local_cq.h), except in a CQ with completion timestamps: there every
+  // completion takes the shared ring, whose producers stamp in push order,
+  // so the stamps the consumer hands out stay monotonic (provider cq.cc
+  // pop_one) without merging two sources by time.
+  LocalCq* local = nullptr;
+  if (!(flags & layout::kCqTimestamp)) {
+    local = LocalCq::create(capacity, e);
+    if (!local) {
+      heap_free(off, bytes);
+      return ENOMEM;
+    }
+  }
   if (int rc = charge(layout::kObjCq, limits::kMaxCq)) {
+    LocalCq::destroy(local);
     heap_free(off, bytes);
     return rc;
   }
-  auto* e = table<layout::CqEntry>(layout_.cq_table) + i;
   e->generation += 1;
   e->capacity = capacity;
   e->slot_stride = kCqeStride;
@@ -332,7 +346,7 @@ int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqIn
   s.live = true;
   s.ring_off = off;
   s.ring_bytes = bytes;
-  s.info = CqInfo{i, capacity, ring};
+  s.info = CqInfo{i, capacity, ring, local};
   s.channel = chan;
   s.flags = flags;
   if (channel != layout::kNoIndex) chans_[channel].refs += 1;
@@ -351,6 +365,8 @@ int LocalContext::destroy_cq(uint32_t index) noexcept {
   (void)wait_producers(e);  // a producer that died mid-push never finishes; bounded
   e->notify.store(layout::kNotifyNone, std::memory_order_relaxed);
   heap_free(cqs_[index].ring_off, cqs_[index].ring_bytes);
+  // No QP uses the CQ any more (refs): nobody completes into its FIFO.
+  LocalCq::destroy(cqs_[index].info.local);
   if (cqs_[index].channel != layout::kNoIndex) {
     uint32_t n = chan_number(cqs_[index].channel);
     if (n < chans_.size() && chans_[n].refs) chans_[n].refs -= 1;
@@ -371,20 +387,45 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   Ring fresh;
   uint64_t off = 0, bytes = 0;
   if (int rc = alloc_ring(capacity, kCqeStride, &fresh, &off, &bytes)) return rc;
+  // The FIFO of our own send completions: its producers are our QPs that
+  // complete into this CQ, each under its sq_lock (complete_send); holding
+  // them all (after mu_, the usual order) stops them. The caller holds the
+  // CQ's poll lock: no consumer either.
+  LocalCq* local = s.info.local;
+  auto own_producers = [&](bool lock) {
+    if (!local) return;
+    for (Qp* q : live_qps_)
+      if (q->send_local == local) {
+        if (lock) q->sq_lock.lock();
+        else q->sq_lock.unlock();
+      }
+  };
+  own_producers(true);
+  // Each kind of completion must fit: shrinking below what either holds
+  // is EINVAL (ibv_resize_cq(3)), as before with the one ring.
+  if (local && local->held() > capacity) {
+    own_producers(false);
+    heap_free(off, bytes);
+    return EINVAL;
+  }
   e->resizing.store(1, std::memory_order_seq_cst);
   if (!wait_producers(e)) {
     e->resizing.store(0, std::memory_order_release);
+    own_producers(false);
     heap_free(off, bytes);
     return EBUSY;  // a push never finished (its producer died mid-push)
   }
   // No push is in progress and none can start: the old ring holds exactly
   // what was published, and we are its only consumer.
   Ring old = s.info.ring;
-  if (old.size_approx() > capacity) {
+  if (old.size_approx() > capacity || (local && !local->resize(capacity))) {
+    const bool shrink = old.size_approx() > capacity;
     e->resizing.store(0, std::memory_order_release);
+    own_producers(false);
     heap_free(off, bytes);
-    return EINVAL;
+    return shrink ? EINVAL : ENOMEM;
   }
+  own_producers(false);
   Ring next = fresh;
   for (uint32_t k = 0; k < old.capacity(); ++k) {
     RingResult r = old.try_claim_sc();
@@ -618,9 +659,32 @@ bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layo
 
 int LocalContext::poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept {
   if (n <= 0) return 0;
+  // Our own send completions first (no order between a CQ's send and
+  // receive completions is promised), then the shared ring's.
+  const int own = cq.local && cq.local->ready->load(std::memory_order_relaxed) ? cq.local->take(n, out) : 0;
+  if (own == n) return own;
   uint32_t pos = cq.ring.consumer_position();  // release_sc keeps it current
   RingSlotHeader* slot = cq.ring.slot_header(pos);
-  return poll_cq_wc(cq, &pos, &slot, n, out);
+  return own + poll_cq_wc(cq, &pos, &slot, n - own, out + own);
+}
+
+void LocalContext::own_send_armed(uint32_t cq_index, uint32_t status) noexcept {
+  if (cq_index >= cqs_.size()) return;
+  layout::Cqe c{};
+  c.status = status;
+  layout::CqEntry* e = table<layout::CqEntry>(layout_.cq_table) + cq_index;
+  auto own = [&](uint64_t token) { return write_own_token(cqs_, chans_, cq_index, token); };
+  (void)fire_notify(self_peer_, true, cq_index, e, c, own);  // P4, as for a push into the shared ring
+}
+
+void LocalContext::own_send_overrun(uint32_t cq_index) noexcept {
+  // As push_cqe's: the completion is lost and the application learns it
+  // from an IBV_EVENT_CQ_ERR, once.
+  if (cq_index >= cqs_.size() || (cqs_[cq_index].flags & layout::kCqIgnoreOverrun) ||
+      cqs_[cq_index].overrun_reported.exchange(true, std::memory_order_relaxed))
+    return;
+  const uint32_t gen = table<layout::CqEntry>(layout_.cq_table)[cq_index].generation;
+  raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, gen));
 }
 
 // A producer that died between reserving a CQ slot and publishing it would

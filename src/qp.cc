@@ -110,6 +110,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   qp->pd = pd;
   qp->pd_match = mr_fast_match(pd, 0);
   qp->send_cq = send_cq;
+  qp->send_local = send_cq != layout::kNoIndex ? cqs_[send_cq].info.local : nullptr;
   qp->recv_cq = recv_cq;
   qp->srq = a.srq;
   qp->xrcd = xrc_recv ? a.xrcd : layout::kNoIndex;

@@ -21,6 +21,7 @@
 namespace shmrdma {
 
 class LocalContext;
+class LocalCq;
 
 struct QpCaps {
   uint32_t max_send_wr = 0;
@@ -185,6 +186,9 @@ struct Qp {
   uint64_t pd_match = 0;  // LocalContext::mr_fast_match(pd, 0): post_send ORs in the SGE's lkey
   uint32_t send_cq = 0;
   uint32_t recv_cq = 0;
+  // The send CQ's FIFO of our own send completions (CqInfo::local; it lives
+  // as long as the CQ, which outlives the QP), nullptr: the shared ring.
+  LocalCq* send_local = nullptr;
   uint32_t srq = layout::kNoIndex;
   uint32_t xrcd = layout::kNoIndex;  // XRC_RECV
   uint32_t handles = 1;              // XRC_RECV: creator + ibv_open_qp handles

@@ -56,6 +56,9 @@ Cq* create_common(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     return nullptr;
   }
   set_next(cq, cq->info.ring.consumer_position());
+  // Before any QP can complete into it: our own send completions tell the
+  // empty poll through this CQ's word.
+  if (cq->info.local) cq->info.local->ready = &cq->local_ready;
   // libibverbs fills channel, cq_context, the mutex and the condition
   // variable (and counts the CQ in channel->refcnt) after we return.
   cq->vcq.cq.context = ibctx;
@@ -74,9 +77,17 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
          cq->next_pos.load(std::memory_order_relaxed) + 1;
 }
 
-// Takes up to n completions from the cursor into wc (caller holds
-// poll_lock): LocalContext::poll_cq_wc, then the cursor is stored back.
-[[gnu::always_inline]] inline int take(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
+// Whether our own send completions may wait (the CQ's private FIFO).
+[[gnu::always_inline]] inline bool own_ready(const Cq* cq) {
+  return cq->local_ready.load(std::memory_order_relaxed) != 0;
+}
+
+// Whether anything looks ready, in either source.
+[[gnu::always_inline]] inline bool any_ready(const Cq* cq) { return own_ready(cq) || next_ready(cq); }
+
+// Takes up to n completions from the shared ring's cursor into wc (caller
+// holds poll_lock): LocalContext::poll_cq_wc, then the cursor is stored back.
+[[gnu::always_inline]] inline int take_shared(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
   uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
   RingSlotHeader* slot = cq->next_slot.load(std::memory_order_relaxed);
   const int done = core->poll_cq_wc(cq->info, &pos, &slot, n, wc, ts);
@@ -84,6 +95,25 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
   cq->next_pos.store(pos, std::memory_order_relaxed);
   if (done > 0) core->note_taken(static_cast<uint32_t>(done));
   return done;
+}
+
+// Takes up to n completions into wc (caller holds poll_lock): our own send
+// completions first, then the shared ring's. What is promised is the order
+// within one work queue (InfiniBand's work-completion ordering rules are per
+// work queue; ibv_poll_cq(3) defines no order between queues: it returns
+// "the first num_entries" completions), and each queue's completions are all
+// in one source: a send queue's in the FIFO, a receive queue's in the ring.
+// So a receive that entered the CQ before a send completion may be handed
+// out after it. (A CQ with timestamps has no FIFO: ts is only read
+// for its completions.)
+[[gnu::always_inline]] inline int take(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
+  int own = 0;
+  if (own_ready(cq)) [[unlikely]] {
+    own = cq->info.local->take(n, wc, cq->local_ready);
+    if (own > 0) core->note_taken(static_cast<uint32_t>(own));
+    if (own == n) return own;
+  }
+  return own + take_shared(cq, core, n - own, wc + own, ts);
 }
 
 // A busy poller gives its CPU away when its peer cannot be running. Two
@@ -102,7 +132,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 // CQ is empty) is not starved and does not yield.
 [[gnu::noinline]] void yield_if_starved(Cq* cq, LocalContext* core) {
   const uint32_t taken = core->completions_taken();
-  if (taken == cq->yield_taken.load(std::memory_order_relaxed) && !next_ready(cq)) sched_yield();
+  if (taken == cq->yield_taken.load(std::memory_order_relaxed) && !any_ready(cq)) sched_yield();
   cq->yield_taken.store(taken, std::memory_order_relaxed);
 }
 
@@ -110,7 +140,7 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 // 64th empty poll still goes through the locked path, whose empty polls
 // watch for a producer that died mid-push (LocalContext::skip_dead_push).
 [[gnu::always_inline]] inline bool nothing_ready(Cq* cq) {
-  if (next_ready(cq)) return false;
+  if (any_ready(cq)) return false;
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
   if (__builtin_expect((n & 1023) == 0, 0)) yield_if_starved(cq, to_ctx(cq->vcq.cq.context)->core);
@@ -337,18 +367,58 @@ namespace {
   return 1;
 }
 
+// poll_hit for our own send completions (own_ready said they may wait):
+// from the private FIFO, then the shared ring when there is room left.
+[[gnu::always_inline]] inline int poll_own(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  if (!wc) [[unlikely]] return -EINVAL;
+  if (!cq->poll_lock.try_lock()) [[unlikely]]
+    return poll_contended(cq, core, num_entries, wc);
+  int got = cq->info.local->take(num_entries, wc, cq->local_ready);
+  core->note_taken(static_cast<uint32_t>(got));
+  if (got < num_entries && next_ready(cq)) [[unlikely]]
+    got += take_shared(cq, core, num_entries - got, wc + got);
+  cq->poll_lock.unlock();
+  return got;
+}
+
 [[gnu::noinline]] int poll_locked(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
+  if (own_ready(cq)) return poll_own(cq, core, num_entries, wc);
   return poll_hit(cq, core, num_entries, wc);
 }
 
-// poll_cq when the context has work (queued sends, a peer's error report)
-// or it is the 1024th poll of the CQ (the looks for dead peers and dead
-// producers).
+// poll_cq when the context has work (queued sends, a peer's error report),
+// our own send completions wait, or it is the 1024th poll of the CQ (the
+// looks for dead peers and dead producers).
 [[gnu::noinline]] int poll_slow(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
   core->progress_polled_slow(n);
   if ((n & 1023) == 0) yield_if_starved(cq, core);
-  else if (!next_ready(cq)) return 0;
+  else if (!any_ready(cq)) return 0;
   return poll_locked(cq, core, num_entries, wc);
+}
+
+// The rest of poll_busy: room is left after our own completions and the
+// shared ring has some. Unlocks.
+[[gnu::noinline]] int poll_busy_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int got) noexcept {
+  core->note_taken(static_cast<uint32_t>(got));
+  got += take_shared(cq, core, num_entries - got, wc + got);
+  cq->poll_lock.unlock();
+  return got;
+}
+
+// poll_cq when progress_idle said no: usually only because our own send
+// completions wait (the context otherwise idle: progress_quiet). Then they
+// are taken here in straight-line code that calls nothing (no registers to
+// save), as poll_hit does for the shared ring; everything else goes to
+// poll_slow.
+[[gnu::noinline]] int poll_busy(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
+  if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock()) [[unlikely]]
+    return poll_slow(cq, core, n, num_entries, wc);
+  const int got = cq->info.local->take(num_entries, wc, cq->local_ready);
+  if (got < num_entries && next_ready(cq)) [[unlikely]]
+    return poll_busy_rest(cq, core, num_entries, wc, got);
+  core->note_taken(static_cast<uint32_t>(got));
+  cq->poll_lock.unlock();
+  return got;
 }
 
 [[gnu::noinline]] int poll_no_entries(LocalContext* core, int num_entries) noexcept {
@@ -370,8 +440,8 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   Cq* cq = to_cq(ibcq);
   const uint32_t n = cq->polls.load(std::memory_order_relaxed) + 1;
   cq->polls.store(n, std::memory_order_relaxed);
-  if (!core->progress_idle(n)) [[unlikely]]
-    return poll_slow(cq, core, n, num_entries, wc);
+  if (!core->progress_idle(n, cq->local_ready)) [[unlikely]]
+    return poll_busy(cq, core, n, num_entries, wc);
   if (!next_ready(cq)) return 0;
   return poll_hit(cq, core, num_entries, wc);
 }

@@ -54,6 +54,10 @@ struct Cq {
   // Polls of this CQ (a racy count is fine): it spaces out the locked empty
   // polls that watch for a dead producer and the looks for dead peers.
   std::atomic<uint32_t> polls{0};
+  // Whether our own send completions may wait in the CQ's private FIFO
+  // (LocalCq::ready points here; local_cq.h says when it is 0). The empty
+  // poll tests it with the context's qps_pending_ (progress_idle).
+  std::atomic<uint32_t> local_ready{0};
   // The context's completions_taken at this CQ's last 1024th poll (cq.cc
   // yield_if_starved; racy, fine).
   std::atomic<uint32_t> yield_taken{0};

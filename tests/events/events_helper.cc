@@ -6,6 +6,7 @@
 //                               QP pair connected to each other
 //   events_helper resize        ibv_resize_cq keeps queued completions, rejects too small
 //   events_helper busy          destroy_cq EBUSY, channel refcounts
+//   events_helper own-sends     our own send completions (the CQ's private FIFO)
 //   events_helper no-shim       without the shim: no channel, no CQ on a fake channel
 //   events_helper node          interactive (commands on stdin, see run_node)
 //   events_helper stress-owner  receives N messages while resizing its CQ
@@ -15,6 +16,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <sched.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -23,6 +27,8 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -566,6 +572,257 @@ void stress_sender(int n) {
   ibv_close_device(ctx);
 }
 
+// ------------------------------------------------------------- own-sends
+//
+// Our own send completions, which a CQ keeps apart from the shared ring
+// (src/local_cq.h), on loopback pairs in one context: per-QP order with the
+// flushes of a move to ERR behind still unpolled successes, send and receive
+// completions of one CQ both delivered, an overrun from own sends alone,
+// resize with own completions pending, a channel woken by an own send
+// completion (also a solicited-only arming, by an error completion), and two
+// posting threads on two QPs of one CQ with a third polling.
+
+void post_write(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t rkey, uint64_t raddr, unsigned flags = IBV_SEND_SIGNALED) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 8, mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = flags;
+  wr.wr.rdma.rkey = rkey;
+  wr.wr.rdma.remote_addr = raddr;
+  ibv_send_wr* bad = nullptr;
+  int rc = ibv_post_send(qp, &wr, &bad);
+  CHECK(rc == 0, "post_send (write %llu): %d", static_cast<unsigned long long>(wr_id), rc);
+}
+
+// Two QPs of ctx connected to each other: a completes into acq, b into bcq.
+std::pair<ibv_qp*, ibv_qp*> loop_pair(ibv_context* ctx, ibv_pd* pd, ibv_cq* acq, ibv_cq* bcq, uint32_t send_wr = 64) {
+  ibv_qp* a = make_qp(pd, acq, acq, send_wr);
+  ibv_qp* b = make_qp(pd, bcq, bcq, send_wr);
+  const uint16_t lid = port_lid(ctx);
+  connect_qp(a, Addr{lid, b->qp_num});
+  connect_qp(b, Addr{lid, a->qp_num});
+  return {a, b};
+}
+
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+void own_sends() {
+  ibv_context* ctx = open_device();
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  CHECK(pd, "alloc_pd");
+  char* buf = alloc_buf(1 << 16);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, 1 << 16, kAccess);
+  CHECK(mr, "reg_mr");
+  const uint64_t raddr = reinterpret_cast<uint64_t>(buf) + 4096;
+
+  // 1. Order: successes, then the flushes of a move to ERR, all unpolled;
+  // the receive completions of the same CQ (b's, pushed by the initiator a
+  // into the shared ring, and the flushes of a's receives) come out too,
+  // each queue in its order.
+  {
+    ibv_cq* cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq, "create_cq");
+    auto [a, b] = loop_pair(ctx, pd, cq, cq);
+    post_recv(b, mr, 500);
+    post_recv(b, mr, 501);
+    for (uint64_t i = 1; i <= 4; ++i) post_write(a, mr, i, mr->rkey, raddr);
+    post_send(a, mr, 5, 8, IBV_SEND_SIGNALED);
+    post_send(a, mr, 6, 8, IBV_SEND_SIGNALED);
+    for (uint64_t i = 7; i <= 9; ++i) post_send(a, mr, i, 8, IBV_SEND_SIGNALED);  // b has no receive: they wait
+    post_recv(a, mr, 600);
+    post_recv(a, mr, 601);
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(a, &at, IBV_QP_STATE) == 0, "a to ERR");
+    std::vector<ibv_wc> got;
+    while (got.size() < 13) {
+      std::vector<ibv_wc> w = poll_n(cq, 3 < 13 - static_cast<int>(got.size()) ? 3 : 13 - static_cast<int>(got.size()));
+      got.insert(got.end(), w.begin(), w.end());
+    }
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "a 14th completion: wr_id %llu", static_cast<unsigned long long>(extra.wr_id));
+    uint64_t next_send = 1, next_brecv = 500, next_arecv = 600;
+    for (const ibv_wc& w : got) {
+      if (w.qp_num == a->qp_num && w.wr_id < 100) {
+        CHECK(w.wr_id == next_send, "a's send completions out of order: %llu, expected %llu",
+              static_cast<unsigned long long>(w.wr_id), static_cast<unsigned long long>(next_send));
+        const bool ok = w.wr_id <= 6;
+        CHECK(ok ? w.status == IBV_WC_SUCCESS : w.status == IBV_WC_WR_FLUSH_ERR, "send %llu: status %d",
+              static_cast<unsigned long long>(w.wr_id), w.status);
+        if (ok) CHECK(w.opcode == (w.wr_id <= 4 ? IBV_WC_RDMA_WRITE : IBV_WC_SEND), "send %llu: opcode %d",
+                      static_cast<unsigned long long>(w.wr_id), w.opcode);
+        ++next_send;
+      } else if (w.qp_num == b->qp_num) {
+        CHECK(w.wr_id == next_brecv && w.status == IBV_WC_SUCCESS && w.opcode == IBV_WC_RECV && w.byte_len == 8,
+              "b's receive %llu: status %d opcode %d", static_cast<unsigned long long>(w.wr_id), w.status, w.opcode);
+        ++next_brecv;
+      } else {
+        CHECK(w.qp_num == a->qp_num && w.wr_id == next_arecv && w.status == IBV_WC_WR_FLUSH_ERR,
+              "a's receive flush %llu: status %d", static_cast<unsigned long long>(w.wr_id), w.status);
+        ++next_arecv;
+      }
+    }
+    CHECK(next_send == 10 && next_brecv == 502 && next_arecv == 602, "missing completions: %llu %llu %llu",
+          static_cast<unsigned long long>(next_send), static_cast<unsigned long long>(next_brecv),
+          static_cast<unsigned long long>(next_arecv));
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0, "destroy 1");
+    say("own-sends: order ok");
+  }
+
+  // 2. Overrun by own send completions alone: IBV_EVENT_CQ_ERR, and the CQ
+  // holds exactly its capacity, the first ones, in order.
+  {
+    ibv_cq* cq = ibv_create_cq(ctx, 4, nullptr, nullptr, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    const int cap = cq->cqe;
+    auto [a, b] = loop_pair(ctx, pd, cq, other);
+    for (int i = 0; i < cap + 3; ++i) post_write(a, mr, static_cast<uint64_t>(i), mr->rkey, raddr);
+    CHECK(readable(ctx->async_fd, 5000), "no async event after the overrun");
+    ibv_async_event ev{};
+    CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event");
+    CHECK(ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == cq, "async event %d, expected CQ_ERR", ev.event_type);
+    ibv_ack_async_event(&ev);
+    std::vector<ibv_wc> w = poll_n(cq, cap);
+    for (int i = 0; i < cap; ++i)
+      CHECK(w[i].wr_id == static_cast<uint64_t>(i) && w[i].status == IBV_WC_SUCCESS, "overrun: %d-th is %llu status %d", i,
+            static_cast<unsigned long long>(w[i].wr_id), w[i].status);
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "more than the capacity (%d) after an overrun", cap);
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0,
+          "destroy 2");
+    say("own-sends: overrun ok");
+  }
+
+  // 3. Resize with own completions pending: too small is EINVAL and keeps
+  // them; larger keeps them in order and takes more than the old capacity.
+  {
+    ibv_cq* cq = ibv_create_cq(ctx, 8, nullptr, nullptr, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    const int cap = cq->cqe;
+    auto [a, b] = loop_pair(ctx, pd, cq, other);
+    const int first = cap - 2;
+    for (int i = 0; i < first; ++i) post_write(a, mr, static_cast<uint64_t>(i), mr->rkey, raddr);
+    CHECK(ibv_resize_cq(cq, 2) == EINVAL, "resize below what is held: expected EINVAL");
+    CHECK(ibv_resize_cq(cq, 4 * cap) == 0, "resize up");
+    CHECK(cq->cqe >= 4 * cap, "cqe %d after resize", cq->cqe);
+    const int total = 3 * cap;
+    for (int i = first; i < total; ++i) post_write(a, mr, static_cast<uint64_t>(i), mr->rkey, raddr);
+    std::vector<ibv_wc> w = poll_n(cq, total);
+    for (int i = 0; i < total; ++i)
+      CHECK(w[i].wr_id == static_cast<uint64_t>(i) && w[i].status == IBV_WC_SUCCESS, "resize: %d-th is %llu status %d",
+            i, static_cast<unsigned long long>(w[i].wr_id), w[i].status);
+    CHECK(ibv_resize_cq(cq, 2) == 0 && cq->cqe >= 2, "shrink when empty");
+    post_write(a, mr, 99, mr->rkey, raddr);
+    w = poll_n(cq, 1);
+    CHECK(w[0].wr_id == 99 && w[0].status == IBV_WC_SUCCESS, "after the shrink: %llu",
+          static_cast<unsigned long long>(w[0].wr_id));
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0,
+          "destroy 3");
+    say("own-sends: resize ok");
+  }
+
+  // 4. A channel woken by an own send completion; a solicited-only arming
+  // ignores a successful one and fires for an error completion.
+  {
+    ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+    CHECK(ch, "create_comp_channel (errno %d)", errno);
+    ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    auto [a, b] = loop_pair(ctx, pd, cq, other);
+    CHECK(ibv_req_notify_cq(cq, 0) == 0, "arm");
+    post_write(a, mr, 1, mr->rkey, raddr);
+    CHECK(readable(ch->fd, 5000), "no event for an own send completion");
+    ibv_cq* ecq = nullptr;
+    void* ectx = nullptr;
+    CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "get_cq_event");
+    std::vector<ibv_wc> w = poll_n(cq, 1);
+    CHECK(w[0].wr_id == 1 && w[0].status == IBV_WC_SUCCESS, "armed: %llu", static_cast<unsigned long long>(w[0].wr_id));
+    CHECK(ibv_req_notify_cq(cq, 1) == 0, "arm solicited-only");
+    post_write(a, mr, 2, mr->rkey, raddr);
+    w = poll_n(cq, 1);
+    CHECK(w[0].wr_id == 2, "solicited-only: %llu", static_cast<unsigned long long>(w[0].wr_id));
+    CHECK(!readable(ch->fd, 300), "a solicited-only arming fired for a successful send completion");
+    post_write(a, mr, 3, mr->rkey ^ 0x5a5a00, raddr);  // no such rkey: an error completion
+    CHECK(readable(ch->fd, 5000), "no solicited-only event for an error send completion");
+    CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "get_cq_event 2");
+    w = poll_n(cq, 1);
+    CHECK(w[0].wr_id == 3 && w[0].status != IBV_WC_SUCCESS, "error completion: %llu status %d",
+          static_cast<unsigned long long>(w[0].wr_id), w[0].status);
+    ibv_ack_cq_events(cq, 2);
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0,
+          "destroy 4");
+    CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel");
+    say("own-sends: channel ok");
+  }
+
+  // 5. Two threads post on two QPs into one CQ while a third polls: every
+  // completion arrives once, each QP's in order. A poster keeps at most
+  // kWindow completions unpolled, so the CQ never overruns.
+  {
+    constexpr uint64_t kPerQp = 20000;
+    constexpr uint64_t kWindow = 48;
+    ibv_cq* cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    auto [a0, b0] = loop_pair(ctx, pd, cq, other);
+    auto [a1, b1] = loop_pair(ctx, pd, cq, other);
+    ibv_qp* qps[2] = {a0, a1};
+    std::atomic<uint64_t> polled[2] = {0, 0};
+    auto poster = [&](int q) {
+      for (uint64_t i = 0; i < kPerQp; ++i) {
+        while (i - polled[q].load(std::memory_order_acquire) >= kWindow) sched_yield();
+        post_write(qps[q], mr, (uint64_t{static_cast<unsigned>(q)} << 32) | i, mr->rkey, raddr + 8 * q);
+      }
+    };
+    bool order_ok = true;
+    uint64_t bad = 0;
+    auto poller = [&] {
+      uint64_t next[2] = {0, 0};
+      while (next[0] < kPerQp || next[1] < kPerQp) {
+        ibv_wc w[16];
+        const int k = ibv_poll_cq(cq, 16, w);
+        if (k < 0) {
+          order_ok = false;
+          return;
+        }
+        for (int j = 0; j < k; ++j) {
+          const uint64_t q = w[j].wr_id >> 32, i = w[j].wr_id & 0xffffffffu;
+          if (q > 1 || i != next[q] || w[j].status != IBV_WC_SUCCESS || w[j].qp_num != qps[q]->qp_num) {
+            order_ok = false;
+            bad = w[j].wr_id;
+            return;
+          }
+          next[q] += 1;
+          polled[q].store(next[q], std::memory_order_release);
+        }
+        if (k == 0) sched_yield();
+      }
+    };
+    std::thread p(poller), t0(poster, 0), t1(poster, 1);
+    t0.join();
+    t1.join();
+    p.join();
+    CHECK(order_ok, "threads: completion out of order or wrong: wr_id %llx", static_cast<unsigned long long>(bad));
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "threads: a completion too many");
+    for (ibv_qp* q : {a0, b0, a1, b1}) CHECK(ibv_destroy_qp(q) == 0, "destroy qp 5");
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0, "destroy 5");
+    say("own-sends: threads ok");
+  }
+
+  CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0, "teardown");
+  say("OK own-sends");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -575,6 +832,7 @@ int main(int argc, char** argv) {
   if (mode == "loopback-ex") loopback_ex();
   else if (mode == "resize") resize();
   else if (mode == "busy") busy();
+  else if (mode == "own-sends") own_sends();
   else if (mode == "no-shim") no_shim();
   else if (mode == "node") run_node();
   else if (mode == "stress-owner" && argc > 2) stress_owner(std::atoi(argv[2]));

@@ -100,6 +100,11 @@ TEST(Events, ResizeKeepsCompletionsAndRejectsTooSmall) {
   expect_helper_ok("resize", "OK resize");
 }
 
+TEST(Events, OwnSendCompletionsOrderOverrunResizeEventsThreads) {
+  HARNESS_REQUIRE_DEVICE();
+  expect_helper_ok("own-sends", "OK own-sends");
+}
+
 TEST(Events, DestroyCqBusyAndChannelRefcounts) {
   HARNESS_REQUIRE_DEVICE();
   expect_helper_ok("busy", "OK busy");

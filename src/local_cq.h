@@ -1,0 +1,187 @@
+// Our own send completions: a private FIFO per CQ, in process memory.
+//
+// Every send completion of our QPs (success, error, FLUSH_ERR, RETRY_EXC_ERR,
+// UD, ...) is made by this process: the initiator executes every WQE, and
+// flushes run here. Only this process polls the CQ. So send completions need
+// no shared-memory ring and none of its multi-producer protocol against
+// peers (CqEntry's P1-P4 in cq.cc); they go here, and ibv_poll_cq hands them
+// out from here and from the shared ring (receive completions, pushed by
+// peers and by our own receive flushes).
+//
+// Producers: complete_send, always under the QP's sq_lock, so one QP's
+// completions enter in the order they were made; QPs of different threads
+// share a CQ, so there are several producers: a bounded MPSC queue of
+// sequenced slots (the scheme of ring.h without its shared-memory
+// hardening). A producer claims position pos with a CAS on `tail` when its
+// slot's seq reads pos (free for pos), writes the ibv_wc, then stores
+// seq = pos + 1 (release: published). The consumer (the CQ's poller, under
+// the provider's poll_lock) reads the slot at `head` when seq == head + 1
+// (acquire), copies the ibv_wc and stores seq = head + capacity (release:
+// free for the next lap). Full (the slot still holds last lap's item): the
+// completion is lost and the CQ has overrun (IBV_EVENT_CQ_ERR, as for the
+// shared ring).
+//
+// `ready` (the provider's Cq::local_ready, a word the empty poll already
+// tests together with the context's qps_pending_) says "maybe non-empty":
+// a producer stores 1 after it published; the consumer, having found the
+// next slot unpublished, exchanges it to 0 and looks at the slot again. The
+// exchange reads the latest 1 stored (an RMW reads the last value in the
+// modification order): when that came from a producer whose publication it
+// did not see yet, it synchronizes with that producer's release, so the
+// look after it sees the slot published and sets the word back; a producer
+// that stores 1 later leaves it 1. So the word is never 0 while a published
+// completion waits: the empty poll, which reads only this word, misses none.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "layout.h"
+
+namespace shmrdma {
+
+struct alignas(64) LocalCqSlot {
+  std::atomic<uint32_t> seq;  // pos: free for pos; pos + 1: published for pos
+  uint32_t pad;
+  ibv_wc wc;  // the completion, as ibv_poll_cq hands it out (trusted: ours)
+};
+static_assert(sizeof(LocalCqSlot) == 64 && offsetof(LocalCqSlot, wc) == 8);
+
+class LocalCq {
+ public:
+  // capacity: a power of two >= 2 (Ring::capacity_for). nullptr: no memory.
+  static LocalCq* create(uint32_t capacity, layout::CqEntry* entry) noexcept {
+    auto* l = new (std::nothrow) LocalCq;
+    if (!l) return nullptr;
+    l->slots_ = alloc_slots(capacity);
+    if (!l->slots_) {
+      delete l;
+      return nullptr;
+    }
+    l->mask_ = capacity - 1;
+    l->entry = entry;
+    return l;
+  }
+  static void destroy(LocalCq* l) noexcept {
+    if (!l) return;
+    std::free(l->slots_);
+    delete l;
+  }
+
+  // ---------------------------------------------------------- producers
+
+  // Claims the next position: its slot (write slot->wc, then publish), or
+  // nullptr when the FIFO is full. Lock-free: a failed CAS means another
+  // producer claimed, and `pos` is refreshed.
+  [[gnu::always_inline]] LocalCqSlot* reserve(uint32_t* pos_out) noexcept {
+    uint32_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      LocalCqSlot* s = slots_ + (pos & mask_);
+      const int32_t d = static_cast<int32_t>(s->seq.load(std::memory_order_acquire) - pos);  // pairs with release
+      if (d == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
+          *pos_out = pos;
+          return s;
+        }
+      } else if (d < 0) {
+        return nullptr;  // last lap's item is still there: full
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);  // another producer took pos
+      }
+    }
+  }
+  [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
+    s->seq.store(pos + 1, std::memory_order_release);
+    ready->store(1, std::memory_order_release);
+  }
+
+  // ----------------------------------------------------------- consumer
+
+  // Takes up to n (>= 1) completions into wc; the caller is the single
+  // consumer (it holds the CQ's poll lock). When it finds the next slot
+  // unpublished it clears `ready` (*this->ready, passed by the provider,
+  // which has it at hand) and looks again (see the top of this file); a take
+  // that stops at n leaves it set, so the poll that finds the FIFO empty
+  // clears it (one busier empty poll after a burst, none per completion).
+  [[gnu::always_inline]] int take(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
+    uint32_t pos = head_;
+    int got = 0;
+    for (;;) {
+      LocalCqSlot* s = slots_ + (pos & mask_);
+      if (s->seq.load(std::memory_order_acquire) != pos + 1) {
+        rdy.exchange(0, std::memory_order_acq_rel);
+        if (s->seq.load(std::memory_order_acquire) == pos + 1) rdy.store(1, std::memory_order_relaxed);
+        break;
+      }
+      std::memcpy(&wc[got], &s->wc, sizeof(ibv_wc));
+      s->seq.store(pos + mask_ + 1, std::memory_order_release);
+      ++pos;
+      if (++got == n) break;
+    }
+    head_ = pos;
+    return got;
+  }
+  int take(int n, ibv_wc* wc) noexcept { return take(n, wc, *ready); }
+
+  // --------------------------------------------- with producers stopped
+
+  // Completions held. Only with no producer running (every QP that
+  // completes here has its sq_lock held) and no consumer.
+  uint32_t held() const noexcept { return tail_.load(std::memory_order_relaxed) - head_; }
+  uint32_t capacity() const noexcept { return mask_ + 1; }
+
+  // Moves what is held, in order, into a new slot array of `capacity`
+  // (>= held()). Same conditions as held(). false: no memory (unchanged).
+  bool resize(uint32_t capacity) noexcept {
+    LocalCqSlot* fresh = alloc_slots(capacity);
+    if (!fresh) return false;
+    const uint32_t n = held();
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t pos = head_ + k;
+      std::memcpy(&fresh[k].wc, &slots_[pos & mask_].wc, sizeof(ibv_wc));
+      fresh[k].seq.store(k + 1, std::memory_order_relaxed);
+    }
+    std::free(slots_);
+    slots_ = fresh;
+    mask_ = capacity - 1;
+    head_ = 0;
+    tail_.store(n, std::memory_order_relaxed);
+    if (n) ready->store(1, std::memory_order_release);
+    return true;
+  }
+
+  // The consumer's "maybe non-empty" word: own_ready, or the provider's
+  // (set before the CQ is handed out, so before any producer runs).
+  std::atomic<uint32_t>* ready = &own_ready;
+  std::atomic<uint32_t> own_ready{0};
+  // Our CqEntry (its notify word: the arming, which peers' pushes take too).
+  layout::CqEntry* entry = nullptr;
+
+ private:
+  LocalCq() = default;
+  static LocalCqSlot* alloc_slots(uint32_t capacity) noexcept {
+    void* p = std::aligned_alloc(alignof(LocalCqSlot), std::size_t{capacity} * sizeof(LocalCqSlot));
+    if (!p) return nullptr;
+    auto* s = static_cast<LocalCqSlot*>(p);
+    for (uint32_t k = 0; k < capacity; ++k) {
+      new (&s[k]) LocalCqSlot{};
+      s[k].seq.store(k, std::memory_order_relaxed);
+    }
+    return s;
+  }
+
+  // Producers' line: the claim counter and the geometry they read.
+  alignas(64) std::atomic<uint32_t> tail_{0};
+  uint32_t mask_ = 0;
+  LocalCqSlot* slots_ = nullptr;
+  // The consumer's.
+  alignas(64) uint32_t head_ = 0;
+};
+
+}  // namespace shmrdma
