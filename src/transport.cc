@@ -309,7 +309,7 @@ LocalContext::Exec LocalContext::execute_fast_in(Qp* qp, const ibv_send_wr& wr, 
     }
     std::memcpy(dst, &old, 8);
   }
-  count::sent_op(cnt_, qp, wr.opcode, len, 0);  // counters: what progress counts (count::sent)
+  count::sent_rc_in(cnt_, qp, wr.opcode, len);  // counters: what progress counts (count::sent)
   return Exec::kDone;
 }
 
