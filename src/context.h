@@ -306,7 +306,11 @@ class LocalContext {
   int attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
   int detach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
   // Post verbs: 0, EINVAL (state, SGE count, opcode...), ENOMEM (full).
-  int post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+  // ibv_post_recv's list (qp.cc): each WR checked and written into the
+  // receive ring in order; the first that fails stops the list (*bad_wr).
+  // The wake-up of a waiting initiator and the flush in ERR follow the
+  // last WQE posted, once per call.
+  int post_recv_list(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
   // Queues one send WR; progress() then executes what is queued.
   int enqueue_send(Qp* qp, const SendWr& wr) noexcept;
   // ibv_post_send's common case (transport_post.cc): one WR queued straight
