@@ -310,7 +310,11 @@ class LocalContext {
   int attach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
   int detach_mcast(Qp* qp, const uint8_t gid[16], uint16_t lid) noexcept;
   // Post verbs: 0, EINVAL (state, SGE count, opcode...), ENOMEM (full).
-  int post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+  // ibv_post_recv's list (qp.cc): each WR checked and written into the
+  // receive ring in order; the first that fails stops the list (*bad_wr).
+  // The wake-up of a waiting initiator and the flush in ERR follow the
+  // last WQE posted, once per call.
+  int post_recv_list(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
   // Queues one send WR; progress() then executes what is queued.
   int enqueue_send(Qp* qp, const SendWr& wr) noexcept;
   // ibv_post_send's common case (transport_post.cc): one WR queued straight
@@ -549,6 +553,17 @@ class LocalContext {
   // cache. kNotHandled: nothing happened (the general path waits, resolves
   // and fails); kError: it failed after it reached the target (*status).
   Exec execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len, bool inl, uint32_t* status) noexcept;
+  // post_send's one-SGE RC RDMA READ or atomic (transport.cc), the shape
+  // checked (total: its length): under the send-queue lock, executed from
+  // the ibv_send_wr by execute_fast_in when the queue is empty and the QP in
+  // RTS, else queued the general way (queue_locked). 0 or ENOMEM.
+  [[gnu::noinline]] int post_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t total) noexcept;
+  // execute_fast's READ and atomic counterpart: the same checks as execute
+  // on one read of each untrusted entry (the target QP's through Qp::tgt,
+  // the rkey's through remote_hit), our SGE's MR granting local write;
+  // kDone, or kNotHandled with nothing changed (the general path decides:
+  // a cache to fill, a misaligned atomic, the CMA tier's atomics, an error).
+  Exec execute_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t len) noexcept;
   // execute_fast's full check of the target entry when its version moved
   // (Qp::tgt); nullptr: the general path decides.
   [[gnu::noinline]] layout::QpEntry* check_target(Qp* qp, const Peer& peer) noexcept;

@@ -102,6 +102,29 @@ inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept 
   bump(r[layout::kCntRcvBytes], len);
 }
 
+// execute_fast_in (transport.cc): an RC READ of len bytes or an atomic
+// executed; what sent_op counts for it (a one-packet request of 0 bytes or
+// 8, the response's packets and bytes the other way), through the groups
+// sent_rc keeps (sent_rc_slow counts as sent_op and keeps them).
+inline void sent_rc_in(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
+  const QpCounting& q = qp->cnt;
+  std::atomic<uint64_t>* l = q.fast_local;
+  if (!l || qp->peer_dev != q.rdev) [[unlikely]]
+    return sent_rc_slow(k, qp, op, len);
+  std::atomic<uint64_t>* r = q.fast_remote;
+  const bool read = op == IBV_WR_RDMA_READ;
+  const uint64_t req_bytes = read ? 0 : 8;
+  const uint64_t resp_pkts = read ? ((len - (len != 0)) >> q.mtu_shift) + 1 : 1, resp_bytes = read ? len : 8;
+  bump(l[layout::kCntXmitPkts], 1);
+  bump(l[layout::kCntXmitBytes], req_bytes);
+  bump(r[layout::kCntRcvPkts], 1);
+  bump(r[layout::kCntRcvBytes], req_bytes);
+  bump(r[layout::kCntXmitPkts], resp_pkts);
+  bump(r[layout::kCntXmitBytes], resp_bytes);
+  bump(l[layout::kCntRcvPkts], resp_pkts);
+  bump(l[layout::kCntRcvBytes], resp_bytes);
+}
+
 // deliver: a receive WQE of QP t (on device dev) completed successfully.
 // UD: t's own port (untrusted, checked by group()); the others the path's.
 inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t, const HomeDevice* dev) noexcept {

@@ -204,25 +204,47 @@ void LocalContext::query_qp(Qp* qp, QpAttr* attr) noexcept {
   attr->cur_qp_state = attr->qp_state;
 }
 
-int LocalContext::post_recv(Qp* qp, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
-  if (qp->srq != layout::kNoIndex) return EINVAL;  // receives go to the SRQ
-  if (!qp->rq.attached()) return EINVAL;           // XRC QPs have no receive queue
-  if (num_sge > qp->caps.max_recv_sge) return EINVAL;
-  uint32_t st = qp->state();
-  if (st == IBV_QPS_RESET) return EINVAL;
-  if (int rc = post_recv_wqe(qp->rq, wr_id, sges, num_sge)) return rc;
+static_assert(sizeof(ibv_sge) == sizeof(SgeIn) && offsetof(ibv_sge, addr) == offsetof(SgeIn, addr) &&
+              offsetof(ibv_sge, length) == offsetof(SgeIn, length) && offsetof(ibv_sge, lkey) == offsetof(SgeIn, lkey));
+
+int LocalContext::post_recv_list(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+  if (!wr) [[unlikely]]
+    return 0;  // an empty list posts nothing, whatever the QP
+  int rc = 0;
+  bool posted = false;
+  uint32_t pos = 0;
+  // Receives of a QP on an SRQ go to the SRQ; XRC QPs have no receive
+  // queue; a QP in RESET takes none.
+  if (qp->srq != layout::kNoIndex || !qp->rq.attached() || qp->state() == IBV_QPS_RESET) [[unlikely]] {
+    rc = EINVAL;
+  } else {
+    const uint32_t max_sge = qp->caps.max_recv_sge;
+    for (; wr; wr = wr->next) {
+      const int n = wr->num_sge;
+      if (n < 0 || static_cast<uint32_t>(n) > max_sge || (n && !wr->sg_list)) [[unlikely]] {
+        rc = EINVAL;
+        break;
+      }
+      rc = post_recv_wqe(qp->rq, wr->wr_id, wr->sg_list, static_cast<uint32_t>(n), &pos);
+      if (rc) [[unlikely]]
+        break;
+      posted = true;
+    }
+  }
+  if (rc && bad_wr) *bad_wr = wr;
+  if (!posted) return rc;
   // The slot the next post fills was last written by the initiator that
   // released it: progress_all fetches its line for writing while we poll,
   // so the next post (and the fence after it) does not wait for it.
-  warm_post_slot_.store(qp->rq.slot_address(qp->rq.producer_position()), std::memory_order_relaxed);
-  wake_initiator(qp);  // cq.cc: a peer's send may wait for this receive (RNR)
-  if (qp->state() == IBV_QPS_ERR) {
+  warm_post_slot_.store(qp->rq.slot_address(pos + 1), std::memory_order_relaxed);
+  wake_initiator(qp);  // cq.cc: a peer's send may wait for these receives (RNR)
+  if (qp->state() == IBV_QPS_ERR) [[unlikely]] {
     // Receives posted to a QP in the error state complete with a flush error.
     std::lock_guard lk(qp->sq_lock);
     qp->rq_flushed = false;
     flush_qp(qp);
   }
-  return 0;
+  return rc;
 }
 
 }  // namespace shmrdma

@@ -4,6 +4,8 @@
 // discards or flushes them.
 #pragma once
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -12,18 +14,40 @@
 
 namespace shmrdma {
 
+// One SGE of a receive as the application posts it: the layout of
+// ibv_sge and of the WQE's layout::WireSge (16 bytes: addr, length, lkey),
+// so a post copies an application's SGE array into the slot as it is.
 struct SgeIn {
   uint64_t addr;
   uint32_t length;
   uint32_t lkey;
 };
+static_assert(sizeof(SgeIn) == sizeof(layout::WireSge) && offsetof(SgeIn, length) == offsetof(layout::WireSge, length) &&
+              offsetof(SgeIn, lkey) == offsetof(layout::WireSge, lkey));
 
 // Slot stride of a receive ring whose WQEs hold up to max_sge SGEs.
 uint32_t recv_wqe_stride(uint32_t max_sge) noexcept;
 
-// Writes one receive WQE into the ring (MPMC-safe producer). The caller
-// checked num_sge against the queue's max_sge. 0, ENOMEM (full) or EAGAIN.
-int post_recv_wqe(Ring ring, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+// Writes one receive WQE into the ring (MPMC-safe producer): its header,
+// then the num_sge SGEs at `sges` (16-byte SgeIn / ibv_sge / WireSge
+// entries, copied as bytes). The caller checked num_sge against the
+// queue's max_sge. 0 with *pos the ring position filled, ENOMEM (full) or
+// EAGAIN (contended). Inline: it is most of every post_recv.
+inline int post_recv_wqe(Ring ring, uint64_t wr_id, const void* sges, uint32_t num_sge, uint32_t* pos) noexcept {
+  RingResult r = ring.try_reserve();
+  if (!r) [[unlikely]]
+    return r.status == RingStatus::full ? ENOMEM : EAGAIN;
+  const layout::RecvWqeHeader h{wr_id, num_sge, 0};
+  std::memcpy(r.handle.payload, &h, sizeof h);
+  std::byte* out = r.handle.payload + sizeof h;
+  if (num_sge == 1) [[likely]]
+    std::memcpy(out, sges, sizeof(layout::WireSge));
+  else if (num_sge)
+    std::memcpy(out, sges, size_t{num_sge} * sizeof(layout::WireSge));
+  ring.publish(r.handle);
+  *pos = r.handle.pos;
+  return 0;
+}
 
 // Claims every posted WQE (at most one lap, so it is bounded even against a
 // producer that keeps posting) and passes each wr_id to on_wqe. A slot

@@ -198,6 +198,128 @@ bool LocalContext::gather_local(Qp* qp, SendSlot* s, IoVec* local, uint32_t* n, 
   return true;
 }
 
+namespace {
+
+// A READ's bytes from a reachable source (the mapped tier or this
+// process): up to 16 bytes with every load before any store (source and
+// destination may overlap: both can be in one MR of this process), longer
+// ones with memmove.
+inline void copy_in(void* dst, const void* src, size_t len) noexcept {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (len >= 8 && len <= 16) {
+    uint64_t a, b;
+    __builtin_memcpy(&a, s, 8);
+    __builtin_memcpy(&b, s + len - 8, 8);
+    __builtin_memcpy(d, &a, 8);
+    __builtin_memcpy(d + len - 8, &b, 8);
+  } else if (len >= 4 && len < 8) {
+    uint32_t a, b;
+    __builtin_memcpy(&a, s, 4);
+    __builtin_memcpy(&b, s + len - 4, 4);
+    __builtin_memcpy(d, &a, 4);
+    __builtin_memcpy(d + len - 4, &b, 4);
+  } else {
+    std::memmove(d, s, len);
+  }
+}
+
+}  // namespace
+
+int LocalContext::post_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t total) noexcept {
+  std::lock_guard lk(qp->sq_lock);
+  const uint32_t tail = qp->sq_tail;
+  if (tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
+  if (qp->sq_exec == tail && qp->state() == IBV_QPS_RTS && execute_fast_in(qp, wr, total) == Exec::kDone) [[likely]] {
+    qp->sq_tail = qp->sq_exec = tail + 1;
+    if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
+      complete_send(qp, wr.wr_id, wr.opcode, total, IBV_WC_SUCCESS);
+      qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
+    }
+    return 0;
+  }
+  queue_locked(qp, wr, total, false, false, IBV_WC_SUCCESS);
+  return 0;
+}
+
+// execute's checks for a READ or an atomic of an RC QP, in its order, each
+// on one read of the untrusted entry; whatever does not pass, or is not at
+// hand, is kNotHandled and execute sees the WQE as if this had not run.
+LocalContext::Exec LocalContext::execute_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t len) noexcept {
+  Peer* pp = qp->peer.get();
+  if (!pp) [[unlikely]]
+    return Exec::kNotHandled;
+  if (qp->path_by_gid && !destination_holds(qp)) return Exec::kNotHandled;
+  Peer& peer = *pp;
+  // The target entry, as execute_fast checks it (check_target: live, the
+  // QPN and type we connected to, RTR..SQE, connected to us).
+  layout::QpEntry* t = qp->tgt.entry;
+  if (!t || qp->tgt.peer_stamp != peer.stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
+      [[unlikely]] {
+    t = check_target(qp, peer);
+    if (!t) return Exec::kNotHandled;
+  }
+  // Our SGE: it receives the bytes, so its MR must grant local write
+  // (gather_local's into_local); live, an MR, not on-demand, this lkey and
+  // our PD in MrState::fast_match, then the range. A READ of 0 bytes names
+  // no memory (gather_local skips empty SGEs).
+  const ibv_sge& g = wr.sg_list[0];
+  void* dst = nullptr;
+  if (len) {
+    const uint32_t i = layout::key_index(g.lkey);
+    // i < mrs_.size(), in bytes (no division by the entry's size), as execute_fast.
+    if (size_t{i} * sizeof(MrState) >= static_cast<size_t>(reinterpret_cast<const char*>(std::to_address(mrs_.end())) -
+                                                           reinterpret_cast<const char*>(mrs_.data())))
+        [[unlikely]]
+      return Exec::kNotHandled;
+    const MrState& m = mrs_[i];
+    const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
+    if (m.fast_match != (qp->pd_match | g.lkey) || !(m.access & kAccessLocalWrite) || off > m.length ||
+        len > m.length - off) [[unlikely]]
+      return Exec::kNotHandled;
+    dst = reinterpret_cast<void*>(m.addr + off);
+  }
+  qp->local_odp = false;
+  Remote rm;
+  if (wr.opcode == IBV_WR_RDMA_READ) {
+    if (len) {
+      if (!(qp->tgt.access & IBV_ACCESS_REMOTE_READ) ||
+          !remote_hit(qp, peer, wr.wr.rdma.rkey, true, qp->tgt.pd, IBV_ACCESS_REMOTE_READ, wr.wr.rdma.remote_addr,
+                      len, &rm)) [[unlikely]]
+        return Exec::kNotHandled;
+      if (rm.local) {
+        copy_in(dst, rm.local, len);
+      } else {
+        // CMA: a failed read changed nothing we keep; the general path reads
+        // again and reports.
+        IoVec l{dst, len}, r{reinterpret_cast<void*>(rm.host), len};
+        if (move_in(peer.pid, false, &l, 1, &r, 1)) return Exec::kNotHandled;
+      }
+    }
+  } else {
+    // The atomics: an 8-byte aligned target (else execute fails it with
+    // IBV_WC_REM_INV_REQ_ERR), an MR in the mapped tier (CPU atomics are
+    // atomic with every other RDMA atomic on it; the CMA tier's striped lock
+    // is execute's).
+    const uint64_t addr = wr.wr.atomic.remote_addr;
+    if ((addr % 8) || !(qp->tgt.access & IBV_ACCESS_REMOTE_ATOMIC) ||
+        !remote_hit(qp, peer, wr.wr.atomic.rkey, true, qp->tgt.pd, IBV_ACCESS_REMOTE_ATOMIC, addr, 8, &rm) ||
+        !rm.mapped) [[unlikely]]
+      return Exec::kNotHandled;
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(rm.local));
+    uint64_t old;
+    if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+      old = wr.wr.atomic.compare_add;
+      word.compare_exchange_strong(old, wr.wr.atomic.swap, std::memory_order_acq_rel, std::memory_order_acquire);
+    } else {
+      old = word.fetch_add(wr.wr.atomic.compare_add, std::memory_order_acq_rel);
+    }
+    std::memcpy(dst, &old, 8);
+  }
+  count::sent_rc_in(cnt_, qp, wr.opcode, len);  // counters: what progress counts (count::sent)
+  return Exec::kDone;
+}
+
 LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) noexcept {
   if (qp->qp_type == IBV_QPT_UD) return execute_ud(qp, s, status);
   if (is_local_op(s->opcode)) {

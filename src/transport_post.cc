@@ -321,6 +321,8 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
     if (wr.num_sge < 0) return EINVAL;
     const uint32_t num_sge = static_cast<uint32_t>(wr.num_sge);
     if (int rc = check_send_shape(qp->caps, op, num_sge, sg, wr.send_flags, &total, &inl)) return rc;
+    // A one-SGE READ or atomic (RC only, above): its own fast path (transport.cc).
+    if (op >= IBV_WR_RDMA_READ && num_sge == 1) return post_fast_in(qp, wr, total);
     // Inline bytes in several SGEs are gathered by execute_fast (up to
     // kFastInlineGather bytes).
     fast = op <= IBV_WR_SEND_WITH_IMM && (num_sge <= 1 || (inl && total <= kFastInlineGather));

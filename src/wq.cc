@@ -121,7 +121,8 @@ int LocalContext::post_wq_recv(const WqInfo& wq, uint64_t wr_id, const SgeIn* sg
   if (num_sge > wq.max_sge) return EINVAL;
   WqState st = wq_state(wq.index);
   if (st != WqState::kRdy && st != WqState::kErr) return EINVAL;
-  if (int rc = post_recv_wqe(wq.ring, wr_id, sges, num_sge)) return rc;
+  uint32_t pos = 0;
+  if (int rc = post_recv_wqe(wq.ring, wr_id, sges, num_sge, &pos)) return rc;
   // A WQ in the error state completes what is posted to it with a flush
   // error right away; recheck after publishing so a concurrent move to ERR
   // cannot strand this WQE.

@@ -15,6 +15,17 @@
  *       send       N signaled 8-byte SENDs into receives posted beforehand
  *                  in batches, each followed by the polls of its send and
  *                  receive completions
+ *       read       N signaled 8-byte RDMA READs, each followed by the poll
+ *                  that returns its completion
+ *       read_unsig N unsignaled 8-byte READs (one signaled every 64th, as
+ *                  perftest's cq_mod does, whose completion is polled)
+ *       fadd       N signaled 8-byte fetch-and-adds, each followed by the
+ *                  poll that returns its completion (the MR and the QPs
+ *                  grant remote atomics in this mode only)
+ *       recv       N ibv_post_recv calls of one WR of one SGE; every 64th
+ *                  is followed by 64 SENDs that consume them (their polls)
+ *       recv16     N ibv_post_recv calls of a list of 16 WRs of one SGE
+ *                  each; every 4th is followed by 64 SENDs that consume them
  * Exit status 0 when every call did what it should (checked), else 1.
  */
 #include <infiniband/verbs.h>
@@ -25,12 +36,13 @@
 
 #define DIE(...) do { fprintf(stderr, "verbs_cost: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
+static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid, int atomic) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE |
+                      (atomic ? IBV_ACCESS_REMOTE_ATOMIC : 0);
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_RTR;
@@ -65,10 +77,27 @@ static void poll_one(struct ibv_cq *cq, enum ibv_wc_opcode op) {
   if (wc.status != IBV_WC_SUCCESS || wc.opcode != op) DIE("completion status %d opcode %d", wc.status, wc.opcode);
 }
 
+/* 64 SENDs (the 64th signaled) that consume the 64 receives posted on qp[1],
+ * and the polls of their completions. */
+static void consume64(struct ibv_qp *qp, struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_sge *sge) {
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  for (int k = 0; k < 64; ++k) {
+    wr.send_flags = k == 63 ? IBV_SEND_SIGNALED : 0;
+    if (ibv_post_send(qp, &wr, &bad)) DIE("post_send");
+  }
+  poll_one(scq, IBV_WC_SEND);
+  for (int k = 0; k < 64; ++k) poll_one(rcq, IBV_WC_RECV);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 3) DIE("usage: verbs_cost empty|write|write_unsig|write_inline|send N");
+  if (argc != 3) DIE("usage: verbs_cost empty|write|write_unsig|write_inline|send|read|read_unsig|fadd|recv|recv16 N");
   const char *mode = argv[1];
   long n = atol(argv[2]);
+  const int atomic = strcmp(mode, "fadd") == 0;
   int num = 0;
   struct ibv_device **devs = ibv_get_device_list(&num);
   if (!devs || num < 1) DIE("no device");
@@ -79,7 +108,8 @@ int main(int argc, char **argv) {
   struct ibv_pd *pd = ibv_alloc_pd(ctx);
   static char buf[2][4096] __attribute__((aligned(4096)));
   struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                     (atomic ? IBV_ACCESS_REMOTE_ATOMIC : 0));
   struct ibv_cq *cq[2] = {ibv_create_cq(ctx, 256, NULL, NULL, 0), ibv_create_cq(ctx, 256, NULL, NULL, 0)};
   if (!pd || !mr || !cq[0] || !cq[1]) DIE("pd/mr/cq");
   struct ibv_qp *qp[2];
@@ -97,8 +127,8 @@ int main(int argc, char **argv) {
     qp[i] = ibv_create_qp(pd, &ia);
     if (!qp[i]) DIE("create_qp");
   }
-  to_rts(qp[0], qp[1]->qp_num, port.lid);
-  to_rts(qp[1], qp[0]->qp_num, port.lid);
+  to_rts(qp[0], qp[1]->qp_num, port.lid, atomic);
+  to_rts(qp[1], qp[0]->qp_num, port.lid, atomic);
 
   struct ibv_sge sge = {(uintptr_t)buf[0], 8, mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
@@ -142,6 +172,47 @@ int main(int argc, char **argv) {
       poll_one(cq[0], IBV_WC_SEND);
       poll_one(cq[1], IBV_WC_RECV);
       if (buf[1][0] != (char)i) DIE("data");
+    }
+  } else if (strncmp(mode, "read", 4) == 0) {
+    const int unsig = strcmp(mode, "read") != 0;
+    wr.opcode = IBV_WR_RDMA_READ;
+    for (long i = 0; i < n; ++i) {
+      buf[1][0] = (char)i;
+      wr.wr_id = (uint64_t)i;
+      const int signaled = !unsig || i % 64 == 63;
+      wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+      if (ibv_post_send(qp[0], &wr, &bad)) DIE("post_send");
+      if (signaled) poll_one(cq[0], IBV_WC_RDMA_READ);
+      if (!unsig && buf[0][0] != (char)i) DIE("data");
+    }
+    if (n && buf[0][0] != (char)(n - 1)) DIE("data");
+  } else if (atomic) {
+    uint64_t *word = (uint64_t *)(void *)buf[1], *old = (uint64_t *)(void *)buf[0];
+    *word = 0;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = (uintptr_t)buf[1];
+    wr.wr.atomic.rkey = mr->rkey;
+    wr.wr.atomic.compare_add = 1;
+    for (long i = 0; i < n; ++i) {
+      wr.wr_id = (uint64_t)i;
+      if (ibv_post_send(qp[0], &wr, &bad)) DIE("post_send");
+      poll_one(cq[0], IBV_WC_FETCH_ADD);
+      if (*old != (uint64_t)i) DIE("fetch-and-add returned %llu, not %ld", (unsigned long long)*old, i);
+    }
+    if (*word != (uint64_t)n) DIE("data");
+  } else if (strncmp(mode, "recv", 4) == 0) {
+    const int list = strcmp(mode, "recv16") == 0 ? 16 : 1;
+    if (list == 1 && strcmp(mode, "recv") != 0) DIE("unknown mode %s", mode);
+    struct ibv_recv_wr rl[16];
+    for (int k = 0; k < list; ++k) {
+      rl[k] = rwr;
+      rl[k].next = k + 1 < list ? &rl[k + 1] : NULL;
+    }
+    for (long i = 0; i < n; ++i) {
+      for (int k = 0; k < list; ++k) rl[k].wr_id = (uint64_t)(i * list + k);
+      if (ibv_post_recv(qp[1], rl, &rbad)) DIE("post_recv");
+      if ((i + 1) * list % 64 == 0) consume64(qp[0], cq[0], cq[1], &sge);
     }
   } else {
     DIE("unknown mode %s", mode);

@@ -151,25 +151,10 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }
 
+// The whole list in one call into the core, the SGEs as the application
+// passed them (SgeIn has ibv_sge's layout: recv_queue.h, src/qp.cc).
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
-  QpObj* qp = to_qp(ibqp);
-  LocalContext* core = to_ctx(ibqp->context)->core;
-  SgeIn sges[limits::kMaxSge];
-  for (; wr; wr = wr->next) {
-    int rc = 0;
-    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > limits::kMaxSge || (wr->num_sge && !wr->sg_list)) {
-      rc = EINVAL;
-    } else {
-      for (int k = 0; k < wr->num_sge; ++k)
-        sges[k] = SgeIn{wr->sg_list[k].addr, wr->sg_list[k].length, wr->sg_list[k].lkey};
-      rc = core->post_recv(qp->core, wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge));
-    }
-    if (rc) {
-      if (bad_wr) *bad_wr = wr;
-      return rc;
-    }
-  }
-  return 0;
+  return to_ctx(ibqp->context)->core->post_recv_list(to_qp(ibqp)->core, wr, bad_wr);
 }
 
 namespace {

@@ -139,15 +139,14 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
 int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Srq* srq = to_srq(ibsrq);
   LocalContext* core = to_ctx(ibsrq->context)->core;
-  SgeIn sges[limits::kMaxSrqSge];
   for (; wr; wr = wr->next) {
     int rc = 0;
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
       rc = EINVAL;
     } else {
-      for (int k = 0; k < wr->num_sge; ++k)
-        sges[k] = SgeIn{wr->sg_list[k].addr, wr->sg_list[k].length, wr->sg_list[k].lkey};
-      rc = core->post_srq_recv(srq->info, wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge));
+      // The SGEs as posted (SgeIn has ibv_sge's layout: recv_queue.h).
+      rc = core->post_srq_recv(srq->info, wr->wr_id, reinterpret_cast<const SgeIn*>(wr->sg_list),
+                               static_cast<uint32_t>(wr->num_sge));
     }
     if (rc) {
       if (bad_wr) *bad_wr = wr;

@@ -20,15 +20,14 @@ namespace {
 int post_wq_recv(ibv_wq* ibwq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Wq* wq = to_wq(ibwq);
   LocalContext* core = to_ctx(ibwq->context)->core;
-  SgeIn sges[limits::kMaxSge];
   for (; wr; wr = wr->next) {
     int rc = 0;
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > wq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
       rc = EINVAL;
     } else {
-      for (int k = 0; k < wr->num_sge; ++k)
-        sges[k] = SgeIn{wr->sg_list[k].addr, wr->sg_list[k].length, wr->sg_list[k].lkey};
-      rc = core->post_wq_recv(wq->info, wr->wr_id, sges, static_cast<uint32_t>(wr->num_sge));
+      // The SGEs as posted (SgeIn has ibv_sge's layout: recv_queue.h).
+      rc = core->post_wq_recv(wq->info, wr->wr_id, reinterpret_cast<const SgeIn*>(wr->sg_list),
+                               static_cast<uint32_t>(wr->num_sge));
     }
     if (rc) {
       if (bad_wr) *bad_wr = wr;

@@ -1096,6 +1096,202 @@ TEST_F(Errors, AtomicMisalignedOrWrongLength) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// A one-SGE READ or atomic executes straight from the ibv_send_wr once the
+// target QP's entry and the rkey are cached (the first one of a QP fills the
+// caches on the general path): the same bytes, completions and errors as the
+// general path. Each case warms the caches with a good operation first.
+
+// Reads `len` bytes at B's offset roff into A's offset loff, signaled: true
+// when it completed with SUCCESS, opcode RDMA_READ and byte_len len.
+::testing::AssertionResult read_ok(const Pair& p, uint64_t id, size_t loff, size_t roff, uint32_t len) {
+  ibv_sge s = p.a_sge(loff, len);
+  if (int rc = post(p.a, IBV_WR_RDMA_READ, id, &s, 1, p.b_addr(roff), p.bmr->rkey))
+    return ::testing::AssertionFailure() << "post_send READ: " << std::strerror(rc);
+  ibv_wc wc{};
+  if (!harness::poll_one(p.acq, &wc)) return ::testing::AssertionFailure() << "no completion within 5 s";
+  if (wc.wr_id != id || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RDMA_READ || wc.byte_len != len)
+    return ::testing::AssertionFailure() << "READ of " << len << " bytes: " << wc_str(wc) << " byte_len " << wc.byte_len;
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(Errors, ReadOfOneSgeEverySizeAfterAWarmRead) {
+  Pair p;
+  make_pair(&p);
+  for (size_t i = 0; i < kBuf; ++i) p.bbuf[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(read_ok(p, 1, 0, 0, 8)) << "the warm-up READ";
+  // 0 bytes, both sides of the 16-byte inline copy, unaligned, a page, all.
+  const uint32_t sizes[] = {0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 64, 4096, static_cast<uint32_t>(kBuf)};
+  uint64_t id = 10;
+  for (uint32_t len : sizes) {
+    SCOPED_TRACE(len);
+    const size_t loff = len == kBuf ? 0 : 3, roff = len == kBuf ? 0 : 5;
+    std::memset(p.abuf, 0xee, kBuf);
+    ASSERT_TRUE(read_ok(p, id++, loff, roff, len));
+    for (size_t i = 0; i < len; ++i) ASSERT_EQ(p.abuf[loff + i], p.bbuf[roff + i]) << "byte " << i;
+    if (loff) {
+      EXPECT_EQ(p.abuf[loff - 1], 0xee) << "the byte before the SGE changed";
+    }
+    if (loff + len < kBuf) {
+      EXPECT_EQ(p.abuf[loff + len], 0xee) << "the byte after the SGE changed";
+    }
+  }
+  // Unsignaled READs, the last signaled: one completion, every READ done.
+  std::memset(p.abuf, 0, kBuf);
+  for (int k = 0; k < 4; ++k) {
+    ibv_sge s = p.a_sge(static_cast<size_t>(k) * 8, 8);
+    ASSERT_EQ(post(p.a, IBV_WR_RDMA_READ, 100 + static_cast<uint64_t>(k), &s, 1, p.b_addr(64 + static_cast<size_t>(k) * 8),
+                   p.bmr->rkey, k == 3 ? IBV_SEND_SIGNALED : 0),
+              0);
+  }
+  ibv_wc wc{};
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+  EXPECT_EQ(wc.wr_id, 103u) << "only the signaled READ completes: " << wc_str(wc);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_TRUE(no_completion(p.acq, 50));
+  for (size_t i = 0; i < 32; ++i) ASSERT_EQ(p.abuf[i], p.bbuf[64 + i]) << "byte " << i;
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
+}
+
+TEST_F(Errors, WarmReadIntoMrWithoutLocalWriteOrOutsideTheMrFails) {
+  struct Case {
+    int64_t roff;
+    bool read_only_local;
+    ibv_wc_status want;
+    const char* what;
+  } cases[] = {{0, true, IBV_WC_LOC_PROT_ERR, "READ into a local MR without LOCAL_WRITE"},
+               {static_cast<int64_t>(kBuf) - 4, false, IBV_WC_REM_ACCESS_ERR, "READ over the target MR's end"},
+               {-1, false, IBV_WC_REM_ACCESS_ERR, "READ starting before the target MR"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    Pair p;
+    make_pair(&p);
+    uint8_t* ro = alloc(4096);
+    ASSERT_NE(ro, nullptr);
+    ibv_mr* romr = new_mr(pd_[0], ro, 4096, IBV_ACCESS_REMOTE_READ);
+    ASSERT_NE(romr, nullptr) << std::strerror(errno);
+    std::memset(p.bbuf, 0x5a, kBuf);
+    ASSERT_TRUE(read_ok(p, 1, 0, 0, 8)) << "the warm-up READ";
+    ibv_sge s = c.read_only_local ? ibv_sge{reinterpret_cast<uintptr_t>(ro), 8, romr->lkey} : p.a_sge(64, 8);
+    expect_status(p, IBV_WR_RDMA_READ, &s, 1, p.b_addr() + c.roff, p.bmr->rkey, c.want, c.what);
+    for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(ro[i], 0) << "the read-only MR's byte " << i << " changed";
+    for (size_t i = 64; i < 72; ++i) ASSERT_EQ(p.abuf[i], 0) << "the SGE's byte " << i << " changed";
+  }
+}
+
+TEST_F(Errors, WarmAtomicsAreExactAndMisalignedOrOutsideFail) {
+  {
+    Pair p;
+    make_pair(&p);
+    uint64_t v = 40;
+    std::memcpy(p.bbuf + 8, &v, 8);
+    ibv_sge s = p.a_sge(3, 8);  // the result lands unaligned: only the target must be aligned
+    // post() adds compare_add 1 (FETCH_AND_ADD) and swaps to 2 when equal to 1 (CMP_AND_SWP).
+    const struct {
+      ibv_wr_opcode op;
+      uint64_t old, now;
+    } steps[] = {{IBV_WR_ATOMIC_FETCH_AND_ADD, 40, 41},
+                 {IBV_WR_ATOMIC_FETCH_AND_ADD, 41, 42},
+                 {IBV_WR_ATOMIC_CMP_AND_SWP, 42, 42},  // 42 != 1: no swap, the old value back
+                 {IBV_WR_ATOMIC_FETCH_AND_ADD, 42, 43}};
+    uint64_t id = 1;
+    for (const auto& st : steps) {
+      ASSERT_EQ(post(p.a, st.op, id, &s, 1, p.b_addr(8), p.bmr->rkey), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+      EXPECT_EQ(wc.wr_id, id) << wc_str(wc);
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+      EXPECT_EQ(wc.opcode, st.op == IBV_WR_ATOMIC_CMP_AND_SWP ? IBV_WC_COMP_SWAP : IBV_WC_FETCH_ADD) << wc_str(wc);
+      EXPECT_EQ(wc.byte_len, 8u) << wc_str(wc);
+      uint64_t old = 0, now = 0;
+      std::memcpy(&old, p.abuf + 3, 8);
+      std::memcpy(&now, p.bbuf + 8, 8);
+      EXPECT_EQ(old, st.old) << "step " << id;
+      EXPECT_EQ(now, st.now) << "step " << id;
+      ++id;
+    }
+    v = 1;
+    std::memcpy(p.bbuf + 8, &v, 8);
+    ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_CMP_AND_SWP, 9, &s, 1, p.b_addr(8), p.bmr->rkey), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    std::memcpy(&v, p.bbuf + 8, 8);
+    EXPECT_EQ(v, 2u) << "CMP_AND_SWP with an equal value swaps";
+  }
+  struct Case {
+    int64_t off;
+    ibv_wc_status want;
+    const char* what;
+  } cases[] = {{4, IBV_WC_REM_INV_REQ_ERR, "FETCH_AND_ADD on a misaligned address after a good one"},
+               {1, IBV_WC_REM_INV_REQ_ERR, "FETCH_AND_ADD one byte off alignment after a good one"},
+               {static_cast<int64_t>(kBuf), IBV_WC_REM_ACCESS_ERR, "FETCH_AND_ADD past the MR after a good one"},
+               {-8, IBV_WC_REM_ACCESS_ERR, "FETCH_AND_ADD before the MR after a good one"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    Pair p;
+    make_pair(&p);
+    ibv_sge s = p.a_sge(0, 8);
+    ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s, 1, p.b_addr(kBuf - 8), p.bmr->rkey), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "the warm-up atomic on the MR's last word: " << wc_str(wc);
+    p.bbuf[kBuf - 8] = 0;
+    std::memset(p.abuf, 0x77, 64);
+    expect_status(p, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, 1, p.b_addr() + c.off, p.bmr->rkey, c.want, c.what);
+    for (size_t i = 0; i < kBuf; ++i) ASSERT_EQ(p.bbuf[i], 0) << c.what << " changed target byte " << i;
+    for (size_t i = 0; i < 8; ++i) ASSERT_EQ(p.abuf[i], 0x77) << c.what << " wrote a result byte " << i;
+  }
+}
+
+TEST_F(Errors, PostRecvOnAFullQueueIsEnomemWithBadWr) {
+  Pair p;
+  PairOpts o;
+  o.max_recv_wr = 4;
+  make_pair(&p, o);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qia{};
+  ASSERT_EQ(ibv_query_qp(p.b, &qa, IBV_QP_CAP, &qia), 0);
+  const uint32_t depth = qa.cap.max_recv_wr;
+  ASSERT_GE(depth, 4u);
+  ASSERT_LE(depth, 64u);
+  // One list of depth + 2 WRs: the first depth are posted, bad_wr is the next.
+  std::vector<ibv_sge> sg(depth + 2);
+  std::vector<ibv_recv_wr> w(depth + 2);
+  for (uint32_t i = 0; i < depth + 2; ++i) {
+    sg[i] = p.b_sge(i * 16, 16);
+    w[i] = ibv_recv_wr{};
+    w[i].wr_id = 500 + i;
+    w[i].sg_list = &sg[i];
+    w[i].num_sge = 1;
+    w[i].next = i + 1 < depth + 2 ? &w[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_recv(p.b, w.data(), &bad), ENOMEM) << "a list longer than the receive queue";
+  EXPECT_EQ(bad, &w[depth]) << "bad_wr must be the first WR that did not fit";
+  // One more, alone: still full.
+  bad = nullptr;
+  EXPECT_EQ(post_recv(p.b, 600, &sg[0], 1, &bad), ENOMEM) << "one WR on the full queue";
+  EXPECT_NE(bad, nullptr) << "bad_wr not set for the WR that did not fit";
+  // The posted ones are intact and in order: each SEND lands in the next.
+  ibv_sge s = p.a_sge(0, 4);
+  for (uint32_t i = 0; i < depth; ++i) {
+    std::memset(p.abuf, static_cast<int>(i + 1), 4);
+    ASSERT_EQ(post(p.a, IBV_WR_SEND, i, &s, 1), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
+    EXPECT_EQ(wc.wr_id, 500u + i) << "receives complete in the order they were posted: " << wc_str(wc);
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.byte_len, 4u);
+    for (size_t k = 0; k < 4; ++k) ASSERT_EQ(p.bbuf[i * 16 + k], i + 1) << "receive " << i << " byte " << k;
+  }
+  // Room again: a list of two fits, and an empty list posts nothing.
+  EXPECT_EQ(ibv_post_recv(p.b, &w[depth], &bad), 0) << "the two WRs left, once the queue has room";
+  EXPECT_TRUE(no_completion(p.bcq, 20));
+}
+
 }  // namespace
 
 namespace {
