@@ -627,8 +627,9 @@ class LocalContext {
   void reclaim_dead_completion(Qp* qp) noexcept;
   void enter_send_error(Qp* qp) noexcept;
   void flush_send_queue(Qp* qp) noexcept;
-  // Inline in transport_post.cc, its only caller (the push into the CQ's
-  // FIFO of own completions is a few instructions: no call for it).
+  // Inline in transport_internal.h, for its callers in transport_post.cc and
+  // transport.cc (the push into the CQ's FIFO of own completions is a few
+  // instructions: no call for it).
   [[gnu::always_inline]] inline void complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length,
                                                    uint32_t status) noexcept;
   // complete_send into the shared ring (a CQ with completion timestamps).
@@ -637,7 +638,7 @@ class LocalContext {
   // CQ is armed for this one (fire its event), or its FIFO is full (overrun).
   void own_send_armed(uint32_t cq_index, uint32_t status) noexcept;
   void own_send_overrun(uint32_t cq_index) noexcept;
-  inline void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept;  // transport_post.cc
+  inline void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept;  // transport_internal.h
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;
   void progress_locked(Qp* qp) noexcept;  // caller holds qp->sq_lock

@@ -14,6 +14,7 @@
 #include <infiniband/verbs.h>
 
 #include "context.h"
+#include "count.h"
 #include "layout.h"
 #include "qp.h"
 
@@ -179,6 +180,47 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   }
   rc.wbase = base;
   rc.wtag = uint64_t{rc.key} << 32 | sn.pd;
+}
+
+// Every send completion of our QPs comes here (successes, errors, flushes,
+// the peer-death RETRY_EXC_ERR, UD), under qp->sq_lock: into the send CQ's
+// FIFO of our own completions (local_cq.h), in the order they are made, so a
+// flush never overtakes an earlier success. (A CQ with completion
+// timestamps has no such FIFO: all its completions take the shared ring.)
+inline void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode, uint64_t length,
+                                        uint32_t status) noexcept {
+  count::send_completed(cnt_, qp, status);  // counters: send_err, retry counts
+  const uint32_t byte_len = (opcode == IBV_WR_RDMA_READ || transport::is_atomic(opcode)) ? static_cast<uint32_t>(length) : 0;
+  if (LocalCq* l = qp->send_local) [[likely]] {
+    uint32_t pos;
+    LocalCqSlot* s = l->reserve(&pos);
+    if (!s) [[unlikely]] {
+      own_send_overrun(qp->send_cq);  // full: the completion is lost, as on hardware
+      return;
+    }
+    ibv_wc& w = s->wc;
+    w = ibv_wc{};
+    w.wr_id = wr_id;
+    w.status = static_cast<ibv_wc_status>(status);
+    w.opcode = static_cast<ibv_wc_opcode>(transport::wc_opcode(opcode));
+    w.byte_len = byte_len;
+    w.qp_num = qp->qpn;
+    l->publish(s, pos);
+    // Pairs with the fence in arm_cq (cq.cc, P4): either the poll the
+    // application makes after arming sees this completion, or we see the
+    // arming. A send completion qualifies for a solicited-only arming when
+    // it is an error (as push_cqe's qualifies()).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t m = l->entry->notify.load(std::memory_order_relaxed);
+    if (m == layout::kNotifyNext || (m == layout::kNotifySolicited && status != IBV_WC_SUCCESS)) [[unlikely]]
+      own_send_armed(qp->send_cq, status);
+    return;
+  }
+  complete_send_shared(qp, wr_id, opcode, byte_len, status);
+}
+
+inline void LocalContext::complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept {
+  complete_send(qp, s->wr_id, s->opcode, s->length, status);
 }
 
 }  // namespace shmrdma
