@@ -16,6 +16,7 @@
 #include "async.h"
 #include "context.h"
 #include "count.h"
+#include "cq_push.h"
 #include "gid_table.h"
 #include "mover.h"
 #include "proc.h"
@@ -482,7 +483,14 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
   cqe.status = IBV_WC_SUCCESS;
   count::recv_done(cnt_, qp, t, peer.device);  // counters: rdma_recvs
-  complete(cqe);
+  // complete(), with push_peer_cqe's common push inline (cq_push.h).
+  if (take_complete_begin(t, taken)) {
+    layout::CqEntry* ce = rpeer.cq(rcq);
+    const cqpush::Fast f = cqpush::push_common(rpeer, ce, cqe, &qp->target_cq_cache);
+    if (f != cqpush::Fast::kPushed) [[unlikely]]
+      (void)push_peer_cqe_rest(rpeer, rcq, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+    take_done(t, taken);
+  }
   return Deliver::kDone;
 }
 
