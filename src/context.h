@@ -679,6 +679,10 @@ class LocalContext {
   bool resolve_path(Qp* qp, bool now) noexcept;
   void flush_qp(Qp* qp) noexcept;
   bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
+  // cq.cc: push_peer_cqe past its common push (cq_push.h push_common, which
+  // answered f for entry e), out of line for callers that inline that push.
+  [[gnu::cold, gnu::noinline]] bool push_peer_cqe_rest(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
+                                                       RingCache* cache, layout::CqEntry* e, int f) noexcept;
   // cq.cc: the producer protocol of CqEntry shared by push_cqe and push_peer_cqe.
   enum class Push { kOk, kFull, kGone };
   Push push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, bool* fire,

@@ -41,6 +41,7 @@
 #include "async.h"
 #include "channel.h"
 #include "context.h"
+#include "cq_push.h"
 
 namespace shmrdma {
 
@@ -468,48 +469,8 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
 
 namespace {
 
-// Whether *cache holds the validated view of CQ entry e's ring in peer's
-// segment: the same Peer object (its stamp: the same mapping of the same
-// context), and the ring at the same
-// offset with the same capacity (read once each here, after P1). A resize
-// allocates the new ring while the old one is still allocated, so a
-// different ring of the same capacity at the same offset has the same
-// geometry (the stride of every CQ is kCqeStride, the size follows from
-// both): the cached view is exactly its view. A peer that scribbles on its
-// own CqEntry can at most make its completions land in a ring its poller
-// does not read; the cached view stays inside the mapping it was validated
-// against.
-inline bool cache_holds(const RingCache* cache, const Peer& peer, const layout::CqEntry* e) noexcept {
-  return cache && cache->stamp == peer.stamp && cache->offset == e->ring_offset && cache->capacity == e->capacity;
-}
-
-enum class Fast { kFallback, kPushed, kArmed };
-
-// The common push, inline in push_cqe and push_peer_cqe: P1-P4 of the
-// producer protocol above, unchanged, for a push into live CQ entry e that
-// needs nothing more than their fast steps: no resize or destroy in
-// progress, the ring geometry the one the caller's cache validated, no
-// timestamp, a free slot at the first try. Anything else undoes P1 before
-// anything was written (kFallback) and the caller runs push_shared_cqe,
-// which does it all. P4 is the same fence and load; kArmed: the CQ is armed
-// for this CQE and the caller fires it (fire_notify).
-[[gnu::always_inline]] inline Fast push_fast(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                             RingCache* cache) noexcept {
-  e->producers.fetch_add(1, std::memory_order_seq_cst);  // P1
-  if (e->resizing.load(std::memory_order_seq_cst) != 0 || e->state.load(std::memory_order_seq_cst) != layout::kLive ||
-      (e->flags & layout::kCqTimestamp) || !cache_holds(cache, peer, e)) [[unlikely]] {
-    e->producers.fetch_sub(1, std::memory_order_release);
-    return Fast::kFallback;
-  }
-  const RingStatus st = cache->ring.try_push_cas_fixed<sizeof cqe>(&cqe);  // P2
-  e->producers.fetch_sub(1, std::memory_order_release);              // P3
-  if (st != RingStatus::ok) [[unlikely]]
-    return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // P4, as in take_notify (pairs with the fence in arm_cq)
-  if (qualifies(e->notify.load(std::memory_order_relaxed), cqe)) [[unlikely]]
-    return Fast::kArmed;
-  return Fast::kPushed;
-}
+using cqpush::Fast;
+using cqpush::push_common;
 
 // P4 after a published push: takes the arming (take_notify) and writes the
 // event token, into our own channel (own: write_own(token), from our private
@@ -533,17 +494,6 @@ bool write_own_token(const Cqs& cqs, const Chans& chans, uint32_t cq_index, uint
   const uint32_t ch = cqs[cq_index].channel;
   const uint32_t n = chan_number(ch);
   return ch != layout::kNoIndex && n < chans.size() && chans[n].live && write_channel_token(chans[n].write_fd, token);
-}
-
-// The common path of push_cqe and push_peer_cqe, inline in both: kPushed
-// when the CQE went into live CQ entry e; kArmed when it went in and the CQ
-// is armed for it (the caller, out of line, tells it: armed_push); kFallback
-// when it did not (nothing was written): the caller runs push_shared_cqe.
-[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                               RingCache* cache) noexcept {
-  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
-    return Fast::kFallback;
-  return push_fast(peer, e, cqe, cache);
 }
 
 // P4 of a kArmed push_common: the CQ's completion channel gets its token.
@@ -643,18 +593,24 @@ bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layo
   const Fast f = push_common(peer, e, cqe, cache);
   if (f == Fast::kPushed) [[likely]]
     return true;
-  return [this, &peer, cq_index, &cqe, cache, e, f]() __attribute__((noinline, cold)) {
-    if (f == Fast::kArmed) {
-      armed_push(peer, &peer == &self_peer_, cq_index, e, cqe, cqs_, chans_);
-      return true;
-    }
-    bool fired = false;
-    Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
-    if (r == Push::kOk) return true;
-    if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
-      const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
-    return false;
-  }();
+  return push_peer_cqe_rest(peer, cq_index, cqe, cache, e, static_cast<int>(f));
+}
+
+// What push_peer_cqe does beyond the common push (cq_push.h push_common
+// answered f, not kPushed, for entry e of peer's CQ cq_index): the armed
+// CQ's token, or the full protocol of push_shared_cqe and an overrun's event.
+bool LocalContext::push_peer_cqe_rest(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache,
+                                      layout::CqEntry* e, int f) noexcept {
+  if (static_cast<Fast>(f) == Fast::kArmed) {
+    armed_push(peer, &peer == &self_peer_, cq_index, e, cqe, cqs_, chans_);
+    return true;
+  }
+  bool fired = false;
+  Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
+  if (r == Push::kOk) return true;
+  if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
+    const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
+  return false;
 }
 
 int LocalContext::poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept {

@@ -16,6 +16,7 @@
 #include "async.h"
 #include "context.h"
 #include "count.h"
+#include "cq_push.h"
 #include "gid_table.h"
 #include "mover.h"
 #include "proc.h"
@@ -248,6 +249,28 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
   return true;
 }
 
+namespace {
+
+// Peer::ring with a cache, its miss out of line: the view is validated into
+// the cache, which then holds it (as Peer::ring does).
+[[gnu::noinline]] Ring* rq_ring_miss(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
+                                     uint32_t stride, RingCache* cache) noexcept {
+  Ring fresh;
+  if (!peer.ring(offset, bytes, capacity, stride, &fresh)) return nullptr;
+  *cache = RingCache{peer.stamp, offset, capacity, stride, fresh};
+  return &cache->ring;
+}
+
+[[gnu::always_inline]] inline Ring* rq_ring(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
+                                            uint32_t stride, RingCache* cache) noexcept {
+  if (cache->stamp == peer.stamp && cache->offset == offset && cache->capacity == capacity &&
+      cache->stride == stride) [[likely]]
+    return &cache->ring;
+  return rq_ring_miss(peer, offset, bytes, capacity, stride, cache);
+}
+
+}  // namespace
+
 // Delivers a message that consumes one of target QP t's receive WQEs (SEND,
 // SEND_WITH_IMM, RDMA_WRITE_WITH_IMM; a UD SEND is preceded by its 40-byte
 // GRH area `grh`): takes the WQE (recorded in t's receive record, so it
@@ -266,21 +289,20 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   const uint32_t rpd = xrc ? xrc->pd : t->pd_index;
   const uint32_t rcq = xrc ? xrc->cq : t->recv_cq;
   uint32_t srq_index = t->srq_index;
-  // The receive ring's validated view: the QP's cached one (Peer::ring with
-  // target_rq_cache), used in place, or `fresh`.
-  Ring fresh;
+  // The receive ring's validated view: the QP's cached one (target_rq_cache),
+  // used in place, validated again (rq_ring_miss) when it names another ring.
   Ring* rqp = nullptr;
   layout::SrqEntry* se = nullptr;
   if (xrc) {
     se = xrc->se;
     srq_index = xrc->srq_index;
-    rqp = rpeer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &fresh, &qp->target_rq_cache);
+    rqp = rq_ring(rpeer, se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &qp->target_rq_cache);
   } else if (srq_index != layout::kNoIndex) {
     se = peer.srq(srq_index);
     if (se && se->state.load(std::memory_order_acquire) == layout::kLive)
-      rqp = peer.ring(se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &fresh, &qp->target_rq_cache);
+      rqp = rq_ring(peer, se->ring_offset, se->ring_bytes, se->capacity, se->slot_stride, &qp->target_rq_cache);
   } else {
-    rqp = peer.ring(t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &fresh, &qp->target_rq_cache);
+    rqp = rq_ring(peer, t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &qp->target_rq_cache);
   }
   if (!rqp) [[unlikely]] {
     *status = IBV_WC_REM_OP_ERR;
@@ -314,13 +336,10 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   qp->busy_take_qpn = 0;
   // Names the ring of the positions we announce (published by the claim).
   if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);
-  uint32_t held = v;  // the record's value while we hold it (reserved, then taken)
-  auto gone = [&](uint32_t st) {
-    take_end(t, held);
-    *status = st;
-    return Deliver::kGone;
-  };
-  uint32_t rq_max_sge = static_cast<uint32_t>((rq.payload_size() - sizeof(layout::RecvWqeHeader)) / sizeof(layout::WireSge));
+  // payload_size() of an attached ring (stride >= Ring::kMinStride, so no wrap).
+  static_assert(Ring::kMinStride >= kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader));
+  uint32_t rq_max_sge = static_cast<uint32_t>((rq.stride() - kRingSlotHeaderBytes - sizeof(layout::RecvWqeHeader)) /
+                                              sizeof(layout::WireSge));
   rq_max_sge = std::min(rq_max_sge, limits::kMaxSge);
   // Every position we try to claim is announced in the record first, so if
   // we die holding the slot the next initiator adopts it (take_holder_dead).
@@ -370,7 +389,6 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     (void)rq.release_cas(claimed.handle);  // discarded with the record, unless already adopted
     return Deliver::kBusy;
   }
-  held = taken;
   if (!rq.release_cas(claimed.handle)) {
     take_end(t, taken);
     return Deliver::kBusy;
@@ -391,6 +409,12 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       rpeer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
   }
 
+  // The target is gone with its WQE: the record we hold (taken) ends.
+  auto gone = [t, taken, status](uint32_t st) {
+    take_end(t, taken);
+    *status = st;
+    return Deliver::kGone;
+  };
   const uint64_t total = len + (grh ? kGrhBytes : 0);
   cqe.wr_id = h.wr_id;
   cqe.take_tag = static_cast<uint8_t>(taken >> 2);
@@ -482,7 +506,14 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return responder_error(IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_INV_REQ_ERR);
   cqe.status = IBV_WC_SUCCESS;
   count::recv_done(cnt_, qp, t, peer.device);  // counters: rdma_recvs
-  complete(cqe);
+  // complete(), with push_peer_cqe's common push inline (cq_push.h).
+  if (take_complete_begin(t, taken)) {
+    layout::CqEntry* ce = rpeer.cq(rcq);
+    const cqpush::Fast f = cqpush::push_common(rpeer, ce, cqe, &qp->target_cq_cache);
+    if (f != cqpush::Fast::kPushed) [[unlikely]]
+      (void)push_peer_cqe_rest(rpeer, rcq, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+    take_done(t, taken);
+  }
   return Deliver::kDone;
 }
 

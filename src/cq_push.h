@@ -1,0 +1,74 @@
+// The common push of a CQE into a CQ ring (cq.cc's producer protocol, P1-P4,
+// for the case that needs nothing more than its fast steps), inline in
+// push_cqe and push_peer_cqe (cq.cc) and in deliver's receive completion
+// (transport_take.cc), so the common push calls nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "layout.h"
+#include "peer.h"
+#include "ring.h"
+
+namespace shmrdma::cqpush {
+
+// Whether *cache holds the validated view of CQ entry e's ring in peer's
+// segment: the same Peer object (its stamp: the same mapping of the same
+// context), and the ring at the same offset with the same capacity (read
+// once each here, after P1). A resize allocates the new ring while the old
+// one is still allocated, so a different ring of the same capacity at the
+// same offset has the same geometry (the stride of every CQ is kCqeStride,
+// the size follows from both): the cached view is exactly its view. A peer
+// that scribbles on its own CqEntry can at most make its completions land in
+// a ring its poller does not read; the cached view stays inside the mapping
+// it was validated against.
+[[gnu::always_inline]] inline bool cache_holds(const RingCache* cache, const Peer& peer,
+                                               const layout::CqEntry* e) noexcept {
+  return cache && cache->stamp == peer.stamp && cache->offset == e->ring_offset && cache->capacity == e->capacity;
+}
+
+enum class Fast { kFallback, kPushed, kArmed };
+
+// Whether an armed CQ (notify mode m, untrusted) fires for c: the test of
+// cq.cc qualifies, after the one compare that decides the common case (an
+// unarmed CQ, kNotifyNone == 0).
+[[gnu::always_inline]] inline bool armed_for(uint32_t m, const layout::Cqe& c) noexcept {
+  static_assert(layout::kNotifyNone == 0);
+  if (m == layout::kNotifyNone) [[likely]]
+    return false;
+  return m == layout::kNotifyNext ||
+         (m == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || c.status != 0));
+}
+
+// P1-P4 of the producer protocol (cq.cc), unchanged, for a push into CQ entry
+// e (nullptr: none) that needs nothing more than their fast steps: the entry
+// live, no resize or destroy in progress, the ring geometry the one the
+// caller's cache validated, no timestamp, a free slot at the first try.
+// Anything else undoes P1 before anything was written (kFallback) and the
+// caller runs push_shared_cqe, which does it all. P4 is the same fence and
+// load; kArmed: the CQ is armed for this CQE and the caller fires it
+// (fire_notify). The state is looked at before P1 too, so a producer does not
+// count itself into the entry of a CQ that is gone.
+[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                               RingCache* cache) noexcept {
+  if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
+    return Fast::kFallback;
+  e->producers.fetch_add(1, std::memory_order_seq_cst);  // P1
+  if (e->resizing.load(std::memory_order_seq_cst) != 0 || e->state.load(std::memory_order_seq_cst) != layout::kLive ||
+      (e->flags & layout::kCqTimestamp) || !cache_holds(cache, peer, e)) [[unlikely]] {
+    e->producers.fetch_sub(1, std::memory_order_release);
+    return Fast::kFallback;
+  }
+  const RingStatus st = cache->ring.try_push_cas_fixed<sizeof cqe>(&cqe);  // P2
+  e->producers.fetch_sub(1, std::memory_order_release);              // P3
+  if (st != RingStatus::ok) [[unlikely]]
+    return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // P4, as in take_notify (pairs with the fence in arm_cq)
+  if (armed_for(e->notify.load(std::memory_order_relaxed), cqe)) [[unlikely]]
+    return Fast::kArmed;
+  return Fast::kPushed;
+}
+
+}  // namespace shmrdma::cqpush
