@@ -396,29 +396,31 @@ namespace {
   return poll_locked(cq, core, num_entries, wc);
 }
 
-// The rest of poll_busy: room is left after our own completions and the
-// shared ring has some. Unlocks.
+// The rest of poll_busy, with the poll lock held and `got` (0 or 1) own
+// completions taken into wc: more of ours (when the first was there), then
+// the shared ring's while room is left. Unlocks.
 [[gnu::noinline]] int poll_busy_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int got) noexcept {
+  if (got) got += cq->info.local->take_rest(num_entries - got, wc + got, cq->local_ready);
   core->note_taken(static_cast<uint32_t>(got));
-  got += take_shared(cq, core, num_entries - got, wc + got);
+  if (got < num_entries && next_ready(cq)) got += take_shared(cq, core, num_entries - got, wc + got);
   cq->poll_lock.unlock();
   return got;
 }
 
 // poll_cq when progress_idle said no: usually only because our own send
-// completions wait (the context otherwise idle: progress_quiet). Then they
-// are taken here in straight-line code that calls nothing (no registers to
-// save), as poll_hit does for the shared ring; everything else goes to
-// poll_slow.
+// completions wait (the context otherwise idle: progress_quiet). The usual
+// case, a poll for one that finds one of ours, is straight-line code whose
+// other ways out are tail calls (no registers to save), as poll_hit is for
+// the shared ring; everything else goes to poll_slow or poll_busy_rest.
 [[gnu::noinline]] int poll_busy(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
   if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock()) [[unlikely]]
     return poll_slow(cq, core, n, num_entries, wc);
-  const int got = cq->info.local->take(num_entries, wc, cq->local_ready);
-  if (got < num_entries && next_ready(cq)) [[unlikely]]
+  const int got = cq->info.local->take_first(wc, cq->local_ready) ? 1 : 0;
+  if (got != num_entries) [[unlikely]]  // room left (or none of ours after all)
     return poll_busy_rest(cq, core, num_entries, wc, got);
-  core->note_taken(static_cast<uint32_t>(got));
+  core->note_taken(1);
   cq->poll_lock.unlock();
-  return got;
+  return 1;
 }
 
 [[gnu::noinline]] int poll_no_entries(LocalContext* core, int num_entries) noexcept {
