@@ -567,6 +567,9 @@ class LocalContext {
   // execute_fast's full check of the target entry when its version moved
   // (Qp::tgt); nullptr: the general path decides.
   [[gnu::noinline]] layout::QpEntry* check_target(Qp* qp, const Peer& peer) noexcept;
+  // The peer (*peer) and the target entry for execute_fast and execute_fast_in;
+  // nullptr: the general path decides. transport_internal.h.
+  layout::QpEntry* fast_target(Qp* qp, Peer** peer) noexcept;
   // resolve_remote's answer from the QP's cache of the last MR it resolved
   // (an MR, not a window, whose entry is live with the seqlock value it had),
   // with the same checks on the cached copy; false on a miss or anything the

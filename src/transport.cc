@@ -246,19 +246,11 @@ int LocalContext::post_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t total) no
 // on one read of the untrusted entry; whatever does not pass, or is not at
 // hand, is kNotHandled and execute sees the WQE as if this had not run.
 LocalContext::Exec LocalContext::execute_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t len) noexcept {
-  Peer* pp = qp->peer.get();
-  if (!pp) [[unlikely]]
+  Peer* pp;
+  layout::QpEntry* t = fast_target(qp, &pp);  // as execute_fast
+  if (!t) [[unlikely]]
     return Exec::kNotHandled;
-  if (qp->path_by_gid && !destination_holds(qp)) return Exec::kNotHandled;
   Peer& peer = *pp;
-  // The target entry, as execute_fast checks it (check_target: live, the
-  // QPN and type we connected to, RTR..SQE, connected to us).
-  layout::QpEntry* t = qp->tgt.entry;
-  if (!t || qp->tgt.peer_stamp != peer.stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
-      [[unlikely]] {
-    t = check_target(qp, peer);
-    if (!t) return Exec::kNotHandled;
-  }
   // Our SGE: it receives the bytes, so its MR must grant local write
   // (gather_local's into_local); live, an MR, not on-demand, this lkey and
   // our PD in MrState::fast_match, then the range. A READ of 0 bytes names
@@ -267,10 +259,7 @@ LocalContext::Exec LocalContext::execute_fast_in(Qp* qp, const ibv_send_wr& wr, 
   void* dst = nullptr;
   if (len) {
     const uint32_t i = layout::key_index(g.lkey);
-    // i < mrs_.size(), in bytes (no division by the entry's size), as execute_fast.
-    if (size_t{i} * sizeof(MrState) >= static_cast<size_t>(reinterpret_cast<const char*>(std::to_address(mrs_.end())) -
-                                                           reinterpret_cast<const char*>(mrs_.data())))
-        [[unlikely]]
+    if (i >= mr_slots_) [[unlikely]]  // mrs_.size(), as execute_fast
       return Exec::kNotHandled;
     const MrState& m = mrs_[i];
     const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63

@@ -103,6 +103,25 @@ inline layout::Cqe recv_status_cqe(uint64_t wr_id, uint32_t status, uint32_t qpn
 
 namespace shmrdma {
 
+// The target of execute_fast and execute_fast_in: the peer and the target
+// QP entry, checked in full once per version of the entry (layout.h
+// QpEntry::version, check_target), then while the owner has not changed it,
+// and we changed neither peer nor destination (modify_qp and
+// set_destination clear Qp::tgt), the checks hold and the one word is all
+// that is read.
+[[gnu::always_inline]] inline layout::QpEntry* LocalContext::fast_target(Qp* qp, Peer** peer) noexcept {
+  Peer* pp = qp->peer.get();
+  if (!pp) [[unlikely]]
+    return nullptr;
+  if (qp->path_by_gid && !destination_holds(qp)) return nullptr;
+  *peer = pp;
+  layout::QpEntry* t = qp->tgt.entry;
+  if (!t || qp->tgt.peer_stamp != pp->stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
+      [[unlikely]]
+    t = check_target(qp, *pp);
+  return t;
+}
+
 // The hit path of resolve_remote (transport.cc), inline for the post's fast
 // path and for receive buffers: the cached snapshot (an MR's, validated when
 // it was taken) answers while the entry is live and its seqlock still has

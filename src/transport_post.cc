@@ -156,22 +156,11 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
 [[gnu::always_inline]] inline LocalContext::Exec LocalContext::execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len,
                                                                             bool inl, uint32_t* status) noexcept {
   const QpAttr& a = qp->attr;
-  Peer* pp = qp->peer.get();
-  if (!pp) [[unlikely]]
+  Peer* pp;
+  layout::QpEntry* t = fast_target(qp, &pp);
+  if (!t) [[unlikely]]
     return Exec::kNotHandled;
-  if (qp->path_by_gid && !destination_holds(qp)) return Exec::kNotHandled;
   Peer& peer = *pp;
-  // The peer and the target entry: checked in full once per version of the
-  // entry (layout.h QpEntry::version), then while the owner has not changed
-  // it, and we changed neither peer nor destination (modify_qp and
-  // set_destination clear Qp::tgt), the checks hold and the one word is
-  // all that is read (check_target).
-  layout::QpEntry* t = qp->tgt.entry;
-  if (!t || qp->tgt.peer_stamp != peer.stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
-      [[unlikely]] {
-    t = check_target(qp, peer);
-    if (!t) return Exec::kNotHandled;
-  }
 
   // Our side: the inline bytes where the application has them (the call
   // executes before it returns), or the SGE checked against our MR table:
