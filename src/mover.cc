@@ -34,18 +34,8 @@ bool overlap(const char* d, const char* s, size_t n) { return d < s + n && s < d
 // Up to 16 bytes without a call: fixed-size copies the compiler turns into
 // a load and a store each (two overlapping ones cover any length in range).
 inline void copy_small(char* d, const char* s, size_t n) {
-  if (n >= 8) {
-    uint64_t a, b;
-    std::memcpy(&a, s, 8);
-    std::memcpy(&b, s + n - 8, 8);
-    std::memcpy(d, &a, 8);
-    std::memcpy(d + n - 8, &b, 8);
-  } else if (n >= 4) {
-    uint32_t a, b;
-    std::memcpy(&a, s, 4);
-    std::memcpy(&b, s + n - 4, 4);
-    std::memcpy(d, &a, 4);
-    std::memcpy(d + n - 4, &b, 4);
+  if (n >= 4) {
+    copy_4_to_16(d, s, n);
   } else {
     for (size_t i = 0; i < n; ++i) d[i] = s[i];
   }

@@ -25,6 +25,25 @@ struct IoVec {
 int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote,
              bool last_byte_last) noexcept;
 
+// n (4 to 16) bytes from s to d in two loads and two stores of 4 or 8
+// bytes, overlapping each other when n is not 8 or 16; every load comes
+// before any store, so s and d may overlap.
+inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
+  if (n >= 8) {
+    uint64_t a, b;
+    __builtin_memcpy(&a, s, 8);
+    __builtin_memcpy(&b, s + n - 8, 8);
+    __builtin_memcpy(d, &a, 8);
+    __builtin_memcpy(d + n - 8, &b, 8);
+  } else {
+    uint32_t a, b;
+    __builtin_memcpy(&a, s, 4);
+    __builtin_memcpy(&b, s + n - 4, 4);
+    __builtin_memcpy(d, &a, 4);
+    __builtin_memcpy(d + n - 4, &b, 4);
+  }
+}
+
 // move_out's smallest case inline (the fast path of small WRITEs and
 // SENDs): one buffer each side, both reachable here, 1 to 16 bytes, not
 // overlapping. The last byte is stored last, with release, as move_out's
@@ -34,21 +53,10 @@ inline bool move_out_small(void* dst, const void* src, size_t len) noexcept {
   const auto* s = static_cast<const char*>(src);
   if (len - 1 >= 16 || (d < s + len && s < d + len)) return false;
   const size_t n = len - 1;  // all but the last byte, in at most two loads and stores
-  if (n >= 8) {
-    uint64_t a, b;
-    __builtin_memcpy(&a, s, 8);
-    __builtin_memcpy(&b, s + n - 8, 8);
-    __builtin_memcpy(d, &a, 8);
-    __builtin_memcpy(d + n - 8, &b, 8);
-  } else if (n >= 4) {
-    uint32_t a, b;
-    __builtin_memcpy(&a, s, 4);
-    __builtin_memcpy(&b, s + n - 4, 4);
-    __builtin_memcpy(d, &a, 4);
-    __builtin_memcpy(d + n - 4, &b, 4);
-  } else {
+  if (n >= 4)
+    copy_4_to_16(d, s, n);
+  else
     for (size_t i = 0; i < n; ++i) d[i] = s[i];
-  }
   __atomic_store_n(d + n, s[n], __ATOMIC_RELEASE);  // see move_out
   return true;
 }

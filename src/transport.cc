@@ -207,18 +207,8 @@ namespace {
 inline void copy_in(void* dst, const void* src, size_t len) noexcept {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  if (len >= 8 && len <= 16) {
-    uint64_t a, b;
-    __builtin_memcpy(&a, s, 8);
-    __builtin_memcpy(&b, s + len - 8, 8);
-    __builtin_memcpy(d, &a, 8);
-    __builtin_memcpy(d + len - 8, &b, 8);
-  } else if (len >= 4 && len < 8) {
-    uint32_t a, b;
-    __builtin_memcpy(&a, s, 4);
-    __builtin_memcpy(&b, s + len - 4, 4);
-    __builtin_memcpy(d, &a, 4);
-    __builtin_memcpy(d + len - 4, &b, 4);
+  if (len >= 4 && len <= 16) {
+    copy_4_to_16(d, s, len);
   } else {
     std::memmove(d, s, len);
   }
