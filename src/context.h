@@ -641,6 +641,8 @@ class LocalContext {
   // CQ is armed for this one (fire its event), or its FIFO is full (overrun).
   void own_send_armed(uint32_t cq_index, uint32_t status) noexcept;
   void own_send_overrun(uint32_t cq_index) noexcept;
+  // flush_qp's receive flushes into the receive CQ's FIFO (transport_post.cc).
+  void flush_own_recv(Qp* qp, const layout::Cqe& c) noexcept;
   inline void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept;  // transport_internal.h
   void enter_error(Qp* qp) noexcept;
   void check_peer(Qp* qp) noexcept;

@@ -389,14 +389,15 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   uint64_t off = 0, bytes = 0;
   if (int rc = alloc_ring(capacity, kCqeStride, &fresh, &off, &bytes)) return rc;
   // The FIFO of our own send completions: its producers are our QPs that
-  // complete into this CQ, each under its sq_lock (complete_send); holding
+  // complete into this CQ, each under its sq_lock (complete_send, and the
+  // receive flushes of flush_own_recv); holding
   // them all (after mu_, the usual order) stops them. The caller holds the
   // CQ's poll lock: no consumer either.
   LocalCq* local = s.info.local;
   auto own_producers = [&](bool lock) {
     if (!local) return;
     for (Qp* q : live_qps_)
-      if (q->send_local == local) {
+      if (q->send_local == local || q->recv_cq == index) {  // receive flushes too (flush_own_recv)
         if (lock) q->sq_lock.lock();
         else q->sq_lock.unlock();
       }
@@ -621,7 +622,10 @@ int LocalContext::poll_cq(const CqInfo& cq, int n, ibv_wc* out) noexcept {
   if (own == n) return own;
   uint32_t pos = cq.ring.consumer_position();  // release_sc keeps it current
   RingSlotHeader* slot = cq.ring.slot_header(pos);
-  return own + poll_cq_wc(cq, &pos, &slot, n - own, out + own);
+  int got = own + poll_cq_wc(cq, &pos, &slot, n - own, out + own);
+  // An error completion of ours waits behind what the ring held (local_cq.h take).
+  if (got < n && cq.local && cq.local->error_next()) got += cq.local->take_any(n - got, out + got, *cq.local->ready);
+  return got;
 }
 
 void LocalContext::own_send_armed(uint32_t cq_index, uint32_t status) noexcept {

@@ -112,44 +112,49 @@ class LocalCq {
   //
   // The first completion is taken in straight-line code (the usual poll
   // asks for one, or finds one), the rest in take_rest's loop.
+  //
+  // take stops before an error completion: a caller hands out what the
+  // shared ring holds first and then takes it with take_any. That keeps a
+  // QP's receive successes already in the ring ahead of its send queue's
+  // error (a QP's error state ends its successes on both queues; no success
+  // of a QP may follow its error completion out of one CQ).
   [[gnu::always_inline]] int take(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
-    if (!take_first(wc, rdy)) [[unlikely]]
+    if (take_first(wc, rdy) <= 0) [[unlikely]]
       return 0;
     if (n == 1) [[likely]]
       return 1;
     return 1 + take_rest(n - 1, wc + 1, rdy);
   }
-  // take's first completion, in straight-line code: true when one was
-  // taken into *wc; false when none was published (`ready` settled).
-  [[gnu::always_inline]] bool take_first(ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
+  // take's first completion, in straight-line code: 1 when one was taken
+  // into *wc; 0 when none was published (`ready` settled); -1 when the next
+  // is an error completion (not taken; see take).
+  [[gnu::always_inline]] int take_first(ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
     const uint32_t pos = head_;
     LocalCqSlot* s = slots_ + (pos & mask_);
     if (s->seq.load(std::memory_order_acquire) != pos + 1) [[unlikely]] {
       settle(s, pos, rdy);
-      return false;
+      return 0;
     }
+    if (s->wc.status != IBV_WC_SUCCESS) [[unlikely]]
+      return -1;
     std::memcpy(wc, &s->wc, sizeof(ibv_wc));
     s->seq.store(pos + mask_ + 1, std::memory_order_release);
     head_ = pos + 1;
-    return true;
+    return 1;
   }
-  // take after its first completion: up to n (>= 1) more.
+  // take after its first completion: up to n (>= 1) more, stopping before
+  // an error completion.
   [[gnu::noinline]] int take_rest(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
-    uint32_t pos = head_;
-    int got = 0;
-    for (;;) {
-      LocalCqSlot* s = slots_ + (pos & mask_);
-      if (s->seq.load(std::memory_order_acquire) != pos + 1) {
-        settle(s, pos, rdy);
-        break;
-      }
-      std::memcpy(&wc[got], &s->wc, sizeof(ibv_wc));
-      s->seq.store(pos + mask_ + 1, std::memory_order_release);
-      ++pos;
-      if (++got == n) break;
-    }
-    head_ = pos;
-    return got;
+    return take_loop(n, wc, rdy, true);
+  }
+  // Up to n (>= 1), errors included (after the shared ring was looked at).
+  [[gnu::noinline]] int take_any(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
+    return take_loop(n, wc, rdy, false);
+  }
+  // Whether the next completion is published and an error (take stopped there).
+  bool error_next() const noexcept {
+    const LocalCqSlot* s = slots_ + (head_ & mask_);
+    return s->seq.load(std::memory_order_acquire) == head_ + 1 && s->wc.status != IBV_WC_SUCCESS;
   }
   int take(int n, ibv_wc* wc) noexcept { return take(n, wc, *ready); }
 
@@ -193,6 +198,25 @@ class LocalCq {
   static void settle(LocalCqSlot* s, uint32_t pos, std::atomic<uint32_t>& rdy) noexcept {
     rdy.exchange(0, std::memory_order_acq_rel);
     if (s->seq.load(std::memory_order_acquire) == pos + 1) rdy.store(1, std::memory_order_relaxed);
+  }
+
+  int take_loop(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy, bool stop_at_error) noexcept {
+    uint32_t pos = head_;
+    int got = 0;
+    for (;;) {
+      LocalCqSlot* s = slots_ + (pos & mask_);
+      if (s->seq.load(std::memory_order_acquire) != pos + 1) {
+        settle(s, pos, rdy);
+        break;
+      }
+      if (stop_at_error && s->wc.status != IBV_WC_SUCCESS) break;
+      std::memcpy(&wc[got], &s->wc, sizeof(ibv_wc));
+      s->seq.store(pos + mask_ + 1, std::memory_order_release);
+      ++pos;
+      if (++got == n) break;
+    }
+    head_ = pos;
+    return got;
   }
 
   LocalCq() = default;

@@ -460,6 +460,37 @@ void LocalContext::enter_send_error(Qp* qp) noexcept {
   flush_send_queue(qp);
 }
 
+// A receive flush of ours (flush_qp, under qp->sq_lock) goes where the
+// error that caused it went: into the receive CQ's FIFO of own completions
+// when it has one, so it comes out after the send queue's error completion
+// (hardware writes the cause, then the flushes) and, like every error of
+// the FIFO, after what the shared ring held (local_cq.h take): a receive
+// that completed before the error is never handed out after it.
+void LocalContext::flush_own_recv(Qp* qp, const layout::Cqe& c) noexcept {
+  const uint32_t cq = qp->recv_cq;
+  LocalCq* l = cq < cqs_.size() && cqs_[cq].live ? cqs_[cq].info.local : nullptr;
+  if (!l) {
+    (void)push_cqe(cq, c);
+    return;
+  }
+  uint32_t pos;
+  LocalCqSlot* s = l->reserve(&pos);
+  if (!s) [[unlikely]] {
+    own_send_overrun(cq);  // full: lost, as on hardware
+    return;
+  }
+  ibv_wc& w = s->wc;
+  w = ibv_wc{};
+  w.wr_id = c.wr_id;
+  w.status = static_cast<ibv_wc_status>(c.status);
+  w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
+  w.qp_num = c.qp_num;
+  l->publish(s, pos);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // as complete_send
+  const uint32_t m = l->entry->notify.load(std::memory_order_relaxed);
+  if (m == layout::kNotifyNext || m == layout::kNotifySolicited) own_send_armed(cq, c.status);  // an error
+}
+
 void LocalContext::flush_qp(Qp* qp) noexcept {
   // Caller holds qp->sq_lock.
   flush_send_queue(qp);
@@ -474,12 +505,12 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
     if (qp->qp_type == IBV_QPT_XRC_RECV)
       push_xrc_recv_cqe(dir_.self(), taken_srqn, c);
     else
-      (void)push_cqe(qp->recv_cq, c);
+      flush_own_recv(qp, c);
   }
   if (qp->rq.attached())
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
       const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
-      (void)push_cqe(qp->recv_cq, c);
+      flush_own_recv(qp, c);
     });
   const bool first_flush = !qp->rq_flushed;
   qp->rq_flushed = true;

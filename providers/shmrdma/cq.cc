@@ -108,12 +108,19 @@ Cq* to_cq_ex(ibv_cq_ex* c) { return to_cq(ibv_cq_ex_to_cq(c)); }
 // for its completions.)
 [[gnu::always_inline]] inline int take(Cq* cq, LocalContext* core, int n, ibv_wc* wc, uint64_t* ts = nullptr) {
   int own = 0;
-  if (own_ready(cq)) [[unlikely]] {
+  if (n > 0 && own_ready(cq)) [[unlikely]] {
     own = cq->info.local->take(n, wc, cq->local_ready);
     if (own > 0) core->note_taken(static_cast<uint32_t>(own));
     if (own == n) return own;
   }
-  return own + take_shared(cq, core, n - own, wc + own, ts);
+  int got = own + take_shared(cq, core, n - own, wc + own, ts);
+  // An error completion of ours waits behind what the ring held (local_cq.h take).
+  if (got < n && own_ready(cq) && cq->info.local->error_next()) [[unlikely]] {
+    const int e = cq->info.local->take_any(n - got, wc + got, cq->local_ready);
+    core->note_taken(static_cast<uint32_t>(e));
+    got += e;
+  }
+  return got;
 }
 
 // A busy poller gives its CPU away when its peer cannot be running. Two
@@ -373,10 +380,7 @@ namespace {
   if (!wc) [[unlikely]] return -EINVAL;
   if (!cq->poll_lock.try_lock()) [[unlikely]]
     return poll_contended(cq, core, num_entries, wc);
-  int got = cq->info.local->take(num_entries, wc, cq->local_ready);
-  core->note_taken(static_cast<uint32_t>(got));
-  if (got < num_entries && next_ready(cq)) [[unlikely]]
-    got += take_shared(cq, core, num_entries - got, wc + got);
+  const int got = take(cq, core, num_entries, wc);
   cq->poll_lock.unlock();
   return got;
 }
@@ -396,13 +400,15 @@ namespace {
   return poll_locked(cq, core, num_entries, wc);
 }
 
-// The rest of poll_busy, with the poll lock held and `got` (0 or 1) own
-// completions taken into wc: more of ours (when the first was there), then
-// the shared ring's while room is left. Unlocks.
-[[gnu::noinline]] int poll_busy_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int got) noexcept {
-  if (got) got += cq->info.local->take_rest(num_entries - got, wc + got, cq->local_ready);
+// The rest of poll_busy, with the poll lock held and `first` what
+// take_first said (1: one of ours is in wc; 0: none of ours; -1: ours wait
+// behind an error completion): more of ours, the shared ring's while room
+// is left, then an error of ours that waited behind them. Unlocks.
+[[gnu::noinline]] int poll_busy_rest(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, int first) noexcept {
+  int got = 0;
+  if (first == 1) got = 1 + (num_entries > 1 ? cq->info.local->take_rest(num_entries - 1, wc + 1, cq->local_ready) : 0);
   core->note_taken(static_cast<uint32_t>(got));
-  if (got < num_entries && next_ready(cq)) got += take_shared(cq, core, num_entries - got, wc + got);
+  if (got < num_entries) got += take(cq, core, num_entries - got, wc + got);
   cq->poll_lock.unlock();
   return got;
 }
@@ -415,9 +421,9 @@ namespace {
 [[gnu::noinline]] int poll_busy(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
   if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock()) [[unlikely]]
     return poll_slow(cq, core, n, num_entries, wc);
-  const int got = cq->info.local->take_first(wc, cq->local_ready) ? 1 : 0;
-  if (got != num_entries) [[unlikely]]  // room left (or none of ours after all)
-    return poll_busy_rest(cq, core, num_entries, wc, got);
+  const int first = cq->info.local->take_first(wc, cq->local_ready);
+  if (first != 1 || num_entries != 1) [[unlikely]]
+    return poll_busy_rest(cq, core, num_entries, wc, first);
   core->note_taken(1);
   cq->poll_lock.unlock();
   return 1;
