@@ -579,8 +579,9 @@ void stress_sender(int n) {
 // flushes of a move to ERR behind still unpolled successes, send and receive
 // completions of one CQ both delivered, an overrun from own sends alone,
 // resize with own completions pending, a channel woken by an own send
-// completion (also a solicited-only arming, by an error completion), and two
-// posting threads on two QPs of one CQ with a third polling.
+// completion (also a solicited-only arming, by an error completion), two
+// posting threads on two QPs of one CQ with a third polling, and the order
+// of a receive success, the send error after it and the flushes it causes.
 
 void post_write(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t rkey, uint64_t raddr, unsigned flags = IBV_SEND_SIGNALED) {
   ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 8, mr->lkey};
@@ -818,6 +819,47 @@ void own_sends() {
     CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0, "destroy 5");
     say("own-sends: threads ok");
   }
+
+  // 6. Error order. A receive that completed before its QP's error comes
+  // out ahead of it, although the receive completion sits in the CQ's
+  // shared ring and the error in its FIFO of own completions; the receive
+  // flushes the error causes come after it. Polled one at a time and four
+  // at a time (the provider's two poll paths).
+  for (const int batch : {1, 4}) {
+    ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    auto [a, b] = loop_pair(ctx, pd, cq, other);
+    for (uint64_t i = 700; i <= 702; ++i) post_recv(a, mr, i);
+    post_send(b, mr, 800, 8, IBV_SEND_SIGNALED);  // into a's receive 700
+    std::vector<ibv_wc> w = poll_n(other, 1);
+    CHECK(w[0].wr_id == 800 && w[0].status == IBV_WC_SUCCESS, "b's send: %llu status %d",
+          static_cast<unsigned long long>(w[0].wr_id), w[0].status);
+    post_write(a, mr, 1, mr->rkey ^ 0x5a5a00, raddr);  // no such rkey: a's error, then a's receives flushed
+    std::vector<ibv_wc> got;
+    while (got.size() < 4) {
+      w = poll_n(cq, std::min<int>(batch, 4 - static_cast<int>(got.size())));
+      got.insert(got.end(), w.begin(), w.end());
+    }
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "error order: a 5th completion: wr_id %llu",
+          static_cast<unsigned long long>(extra.wr_id));
+    const uint64_t want[4] = {700, 1, 701, 702};
+    for (int i = 0; i < 4; ++i)
+      CHECK(got[i].wr_id == want[i], "error order (poll %d at a time): completion %d is wr_id %llu status %d, expected %llu",
+            batch, i, static_cast<unsigned long long>(got[i].wr_id), got[i].status,
+            static_cast<unsigned long long>(want[i]));
+    CHECK(got[0].status == IBV_WC_SUCCESS && got[0].opcode == IBV_WC_RECV && got[0].byte_len == 8,
+          "error order: the receive: status %d opcode %d len %u", got[0].status, got[0].opcode, got[0].byte_len);
+    CHECK(got[1].status == IBV_WC_REM_ACCESS_ERR, "error order: the write: status %d, expected REM_ACCESS_ERR",
+          got[1].status);
+    CHECK(got[2].status == IBV_WC_WR_FLUSH_ERR && got[3].status == IBV_WC_WR_FLUSH_ERR,
+          "error order: the flushes: status %d %d", got[2].status, got[3].status);
+    for (const ibv_wc& c : got) CHECK(c.qp_num == a->qp_num, "error order: qp_num %u", c.qp_num);
+    CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0,
+          "destroy 6");
+  }
+  say("own-sends: error order ok");
 
   CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0, "teardown");
   say("OK own-sends");
