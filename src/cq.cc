@@ -396,11 +396,10 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   LocalCq* local = s.info.local;
   auto own_producers = [&](bool lock) {
     if (!local) return;
-    for (Qp* q : live_qps_)
-      if (q->send_local == local || q->recv_cq == index) {  // receive flushes too (flush_own_recv)
-        if (lock) q->sq_lock.lock();
-        else q->sq_lock.unlock();
-      }
+    for (Qp* q : local->producers) {  // send_local == local or recv_cq == index (qp.cc own_fifos)
+      if (lock) q->sq_lock.lock();
+      else q->sq_lock.unlock();
+    }
   };
   own_producers(true);
   // Each kind of completion must fit: shrinking below what either holds
