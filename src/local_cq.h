@@ -44,6 +44,24 @@
 // same lock, and its load and store of tail are never interleaved with
 // another claim.
 //
+// Arming without a fence in the producer (complete_send, flush_own_recv):
+// after publishing, the producer reads CqEntry::notify behind only a
+// compiler barrier (no seq_cst fence: the one locked instruction that waited
+// for the store buffer, which holds the WRITE's store, to drain). arm_cq
+// pays instead: after storing notify (and its fence, for peers' pushes) it
+// takes and drops the sq_lock of every producer (under mu_, so the set does
+// not change meanwhile; lock order mu_ then sq_lock, as resize_cq). For each
+// producer critical section that publishes a completion, either arm_cq's
+// lock comes after its unlock in the lock's order: then the publish
+// happens-before arm_cq returns, and the poll the application makes after
+// arming sees it; or arm_cq's unlock comes before its lock: then arm_cq's
+// notify store happens-before the producer's notify load, which sees the
+// arming (or a later value: someone fired, or re-armed) and fires. A QP
+// created after arm_cq released mu_ takes mu_ after it, so the arming
+// happens-before all its completions; a QP destroyed before arm_cq took mu_
+// finished its completions before. Peers' pushes into the shared ring keep
+// P4's fence, and arm_cq its fence for them.
+//
 // `ready` (the provider's Cq::local_ready, a word the empty poll already
 // tests together with the context's qps_pending_) says "maybe non-empty":
 // a producer stores 1 after it published; the consumer, having found the
