@@ -641,6 +641,12 @@ class LocalContext {
   // CQ is armed for this one (fire its event), or its FIFO is full (overrun).
   void own_send_armed(uint32_t cq_index, uint32_t status) noexcept;
   void own_send_overrun(uint32_t cq_index) noexcept;
+  // qp.cc: the FIFOs qp completes into (its send CQ's, its receive CQ's;
+  // nullptr where there is none, one entry when both are the same), and
+  // the claim's mode of a FIFO after its producer set changed (caller holds
+  // mu_; local_cq.h).
+  void own_fifos(const Qp* qp, LocalCq* out[2]) const noexcept;
+  static void own_producers_changed(LocalCq* l) noexcept;
   // flush_qp's receive flushes into the receive CQ's FIFO (transport_post.cc).
   void flush_own_recv(Qp* qp, const layout::Cqe& c) noexcept;
   inline void complete_send(Qp* qp, const SendSlot* s, uint32_t status) noexcept;  // transport_internal.h

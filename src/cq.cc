@@ -26,7 +26,10 @@
 // Arming (owner): raise notify to the requested mode with a CAS, then a
 // seq_cst fence. With P4 this is the usual "no lost event" pairing: a
 // completion pushed concurrently with the arming is either seen by the poll
-// the application makes after arming, or its producer sees the arming.
+// the application makes after arming, or its producer sees the arming. Our
+// own completions (the CQ's FIFO, local_cq.h) have no fence after their
+// publish: arm_cq then also takes and drops the sq_lock of each of the
+// FIFO's producers, which gives the same either-or.
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -396,11 +399,10 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   LocalCq* local = s.info.local;
   auto own_producers = [&](bool lock) {
     if (!local) return;
-    for (Qp* q : live_qps_)
-      if (q->send_local == local || q->recv_cq == index) {  // receive flushes too (flush_own_recv)
-        if (lock) q->sq_lock.lock();
-        else q->sq_lock.unlock();
-      }
+    for (Qp* q : local->producers) {  // send_local == local or recv_cq == index (qp.cc own_fifos)
+      if (lock) q->sq_lock.lock();
+      else q->sq_lock.unlock();
+    }
   };
   own_producers(true);
   // Each kind of completion must fit: shrinking below what either holds
@@ -455,14 +457,33 @@ int LocalContext::arm_cq(uint32_t index, bool solicited_only) noexcept {
   if (cqs_[index].channel == layout::kNoIndex) return 0;  // no channel: nobody to tell
   auto* e = table<layout::CqEntry>(layout_.cq_table) + index;
   const uint32_t want = solicited_only ? layout::kNotifySolicited : layout::kNotifyNext;
-  uint32_t m = e->notify.load(std::memory_order_relaxed);
-  for (int i = 0; i < 64; ++i) {
-    // "Next" is stronger than "solicited": arming never weakens the mode.
-    uint32_t next = (m == layout::kNotifyNext || m == layout::kNotifySolicited) ? std::max(m, want) : want;
-    if (next == m) break;
-    if (e->notify.compare_exchange_weak(m, next, std::memory_order_relaxed, std::memory_order_relaxed)) break;
+  auto raise = [&] {
+    uint32_t m = e->notify.load(std::memory_order_relaxed);
+    for (int i = 0; i < 64; ++i) {
+      // "Next" is stronger than "solicited": arming never weakens the mode.
+      uint32_t next = (m == layout::kNotifyNext || m == layout::kNotifySolicited) ? std::max(m, want) : want;
+      if (next == m) break;
+      if (e->notify.compare_exchange_weak(m, next, std::memory_order_relaxed, std::memory_order_relaxed)) break;
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in take_notify (P4)
+  };
+  LocalCq* local = cqs_[index].info.local;  // the CQ's for its life (resize keeps it)
+  if (!local) {
+    raise();
+    return 0;
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in take_notify (P4)
+  // Our own completions' producers read notify without a fence (local_cq.h):
+  // each one's critical section either ends before we take its sq_lock (its
+  // completion is seen by the poll after arming) or begins after we drop it
+  // (it sees the arming). mu_ keeps the producer set still; mu_ then
+  // sq_lock, the order of resize_cq and progress_all.
+  std::lock_guard lk(mu_);
+  if (!cqs_[index].live || cqs_[index].info.local != local) return EINVAL;
+  raise();
+  for (Qp* q : local->producers) {
+    q->sq_lock.lock();
+    q->sq_lock.unlock();
+  }
   return 0;
 }
 

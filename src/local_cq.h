@@ -8,18 +8,59 @@
 // out from here and from the shared ring (receive completions, pushed by
 // peers and by our own receive flushes).
 //
-// Producers: complete_send, always under the QP's sq_lock, so one QP's
-// completions enter in the order they were made; QPs of different threads
-// share a CQ, so there are several producers: a bounded MPSC queue of
-// sequenced slots (the scheme of ring.h without its shared-memory
-// hardening). A producer claims position pos with a CAS on `tail` when its
-// slot's seq reads pos (free for pos), writes the ibv_wc, then stores
-// seq = pos + 1 (release: published). The consumer (the CQ's poller, under
-// the provider's poll_lock) reads the slot at `head` when seq == head + 1
-// (acquire), copies the ibv_wc and stores seq = head + capacity (release:
-// free for the next lap). Full (the slot still holds last lap's item): the
-// completion is lost and the CQ has overrun (IBV_EVENT_CQ_ERR, as for the
-// shared ring).
+// Producers: the QPs that can call `reserve` here, those whose send CQ this
+// is (complete_send: send_local == this) or whose receive CQ it is
+// (flush_own_recv's receive flushes: recv_cq == the CQ's index), each always
+// under its own sq_lock, so one QP's completions enter in the order they
+// were made. The context keeps them in `producers` (under its mu_: create_qp
+// adds, destroy_qp removes; nothing else sets send_local or recv_cq). A
+// bounded queue of sequenced slots (the scheme of ring.h without its
+// shared-memory hardening): a producer claims position pos when its slot's
+// seq reads pos (free for pos), writes the ibv_wc, then stores seq = pos + 1
+// (release: published). The consumer (the CQ's poller, under the provider's
+// poll_lock) reads the slot at `head` when seq == head + 1 (acquire), copies
+// the ibv_wc and stores seq = head + capacity (release: free for the next
+// lap). Full (the slot still holds last lap's item): the completion is lost
+// and the CQ has overrun (IBV_EVENT_CQ_ERR, as for the shared ring).
+//
+// The claim. With one producer (the usual CQ: one QP sends into it) `tail`
+// has one writer, and the claim is a plain load and store; with more (QPs of
+// several threads share the CQ) it is a CAS. `multi_` says which; only
+// producers read it, each under its sq_lock, and it changes only under the
+// context's mu_ (LocalContext::own_producers_changed):
+//  - one -> two, in create_qp: multi_ = 1 is stored while the existing
+//    producer's sq_lock is held. That producer's next reserve takes the
+//    lock after (acquire) and sees it; its last plain store of tail
+//    happened before our unlock, so before the new QP's first reserve (the
+//    new QP is not handed to the application yet: it cannot post before
+//    create_qp returns). From then on every claim is a CAS.
+//  - two -> one, in destroy_qp: the leaving QP ran its last reserve before
+//    destroy_qp took its sq_lock (and it is no longer in live_qps_, so
+//    progress_all cannot run it again); multi_ = 0 is stored under the
+//    remaining producer's sq_lock, so that producer's next (plain) claim
+//    happens after every CAS of the other and reads the latest tail.
+//  - none -> one: nobody claims; the new QP is not yet visible.
+// So while multi_ is 0 exactly one QP can call reserve, always under the
+// same lock, and its load and store of tail are never interleaved with
+// another claim.
+//
+// Arming without a fence in the producer (complete_send, flush_own_recv):
+// after publishing, the producer reads CqEntry::notify behind only a
+// compiler barrier (no seq_cst fence: the one locked instruction that waited
+// for the store buffer, which holds the WRITE's store, to drain). arm_cq
+// pays instead: after storing notify (and its fence, for peers' pushes) it
+// takes and drops the sq_lock of every producer (under mu_, so the set does
+// not change meanwhile; lock order mu_ then sq_lock, as resize_cq). For each
+// producer critical section that publishes a completion, either arm_cq's
+// lock comes after its unlock in the lock's order: then the publish
+// happens-before arm_cq returns, and the poll the application makes after
+// arming sees it; or arm_cq's unlock comes before its lock: then arm_cq's
+// notify store happens-before the producer's notify load, which sees the
+// arming (or a later value: someone fired, or re-armed) and fires. A QP
+// created after arm_cq released mu_ takes mu_ after it, so the arming
+// happens-before all its completions; a QP destroyed before arm_cq took mu_
+// finished its completions before. Peers' pushes into the shared ring keep
+// P4's fence, and arm_cq its fence for them.
 //
 // `ready` (the provider's Cq::local_ready, a word the empty poll already
 // tests together with the context's qps_pending_) says "maybe non-empty":
@@ -41,10 +82,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "layout.h"
 
 namespace shmrdma {
+
+struct Qp;
 
 struct alignas(64) LocalCqSlot {
   std::atomic<uint32_t> seq;  // pos: free for pos; pos + 1: published for pos
@@ -77,29 +121,38 @@ class LocalCq {
   // ---------------------------------------------------------- producers
 
   // Claims the next position: its slot (write slot->wc, then publish), or
-  // nullptr when the FIFO is full. Lock-free: a failed CAS means another
-  // producer claimed, and `pos` is refreshed.
+  // nullptr when the FIFO is full. The caller holds its QP's sq_lock (the
+  // top of this file: one producer claims with a plain store, several with
+  // reserve_multi's CAS).
   [[gnu::always_inline]] LocalCqSlot* reserve(uint32_t* pos_out) noexcept {
-    uint32_t pos = tail_.load(std::memory_order_relaxed);
-    for (;;) {
-      LocalCqSlot* s = slots_ + (pos & mask_);
-      const int32_t d = static_cast<int32_t>(s->seq.load(std::memory_order_acquire) - pos);  // pairs with release
-      if (d == 0) {
-        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
-          *pos_out = pos;
-          return s;
-        }
-      } else if (d < 0) {
-        return nullptr;  // last lap's item is still there: full
-      } else {
-        pos = tail_.load(std::memory_order_relaxed);  // another producer took pos
-      }
-    }
+    if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
+      return reserve_multi(pos_out);
+    const uint32_t pos = tail_.load(std::memory_order_relaxed);
+    LocalCqSlot* s = slots_ + (pos & mask_);
+    // Pairs with the consumer's release. The one producer's slot at tail
+    // is free (seq == pos) or still holds last lap's item: full.
+    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
+      return nullptr;
+    tail_.store(pos + 1, std::memory_order_relaxed);
+    *pos_out = pos;
+    return s;
   }
   [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
     s->seq.store(pos + 1, std::memory_order_release);
     ready->store(1, std::memory_order_release);
   }
+
+  // ------------------------------------------------------- producer set
+
+  // The QPs that can reserve here (the top of this file), each once; under
+  // the context's mu_ (LocalContext::own_producers_changed keeps the claim's
+  // mode in step with it).
+  std::vector<Qp*> producers;
+  // The claim's mode: several producers (CAS) or one. Stored under mu_ and
+  // under the sq_lock of the one producer that may be running (the top of
+  // this file).
+  void set_multi(bool multi) noexcept { multi_.store(multi ? 1 : 0, std::memory_order_relaxed); }
+  bool multi() const noexcept { return multi_.load(std::memory_order_relaxed) != 0; }
 
   // ----------------------------------------------------------- consumer
 
@@ -219,6 +272,28 @@ class LocalCq {
     return got;
   }
 
+  // reserve with several producers: a failed CAS means another producer
+  // claimed, and `pos` is refreshed. Inline, as the one claim was: a call
+  // here would cost the posts that complete inline (post_fast_in) saved
+  // registers on every call, signaled or not.
+  [[gnu::always_inline]] LocalCqSlot* reserve_multi(uint32_t* pos_out) noexcept {
+    uint32_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      LocalCqSlot* s = slots_ + (pos & mask_);
+      const int32_t d = static_cast<int32_t>(s->seq.load(std::memory_order_acquire) - pos);  // pairs with release
+      if (d == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
+          *pos_out = pos;
+          return s;
+        }
+      } else if (d < 0) {
+        return nullptr;  // last lap's item is still there: full
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);  // another producer took pos
+      }
+    }
+  }
+
   LocalCq() = default;
   static LocalCqSlot* alloc_slots(uint32_t capacity) noexcept {
     void* p = std::aligned_alloc(alignof(LocalCqSlot), std::size_t{capacity} * sizeof(LocalCqSlot));
@@ -231,8 +306,10 @@ class LocalCq {
     return s;
   }
 
-  // Producers' line: the claim counter and the geometry they read.
+  // Producers' line: the claim counter, the claim's mode (the top of this
+  // file) and the geometry they read.
   alignas(64) std::atomic<uint32_t> tail_{0};
+  std::atomic<uint32_t> multi_{0};  // 1: several producers (CAS); see set_multi
   uint32_t mask_ = 0;
   LocalCqSlot* slots_ = nullptr;
   // The consumer's.

@@ -61,6 +61,18 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
     if (!xrc_send && (recv_cq >= cqs_.size() || !cqs_[recv_cq].live)) return EINVAL;
   }
   if (a.srq != layout::kNoIndex && !srq_usable(a.srq, a.pd)) return EINVAL;  // srq.cc: live, same PD
+  // The FIFOs of own completions the QP will complete into (local_cq.h):
+  // room in their producer lists now, so nothing fails after the QP exists.
+  qp->send_local = send_cq != layout::kNoIndex ? cqs_[send_cq].info.local : nullptr;
+  qp->recv_cq = recv_cq;
+  LocalCq* fifos[2];
+  own_fifos(qp.get(), fifos);
+  try {
+    for (LocalCq* l : fifos)
+      if (l) l->producers.reserve(l->producers.size() + 1);
+  } catch (...) {
+    return ENOMEM;
+  }
   uint32_t i = 0;
   while (i < qps_.size() && qps_[i]) ++i;
   if (i == qps_.size()) return ENOMEM;
@@ -110,8 +122,6 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   qp->pd = pd;
   qp->pd_match = mr_fast_match(pd, 0);
   qp->send_cq = send_cq;
-  qp->send_local = send_cq != layout::kNoIndex ? cqs_[send_cq].info.local : nullptr;
-  qp->recv_cq = recv_cq;
   qp->srq = a.srq;
   qp->xrcd = xrc_recv ? a.xrcd : layout::kNoIndex;
   qp->handles = 1;
@@ -130,8 +140,41 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   if (xrc_recv) xrcds_[a.xrcd].refs += 1;             // close_xrcd: EBUSY while used
   *out = qp.get();
   live_qps_.push_back(qp.get());  // never allocates: reserved for every slot at open
+  // A producer of its FIFOs from now on (reserved above: no allocation).
+  // A second producer makes the claim a CAS before this QP can post.
+  for (LocalCq* l : fifos)
+    if (l) {
+      l->producers.push_back(qp.get());
+      own_producers_changed(l);
+    }
   qps_[i] = std::move(qp);
   return 0;
+}
+
+void LocalContext::own_fifos(const Qp* qp, LocalCq* out[2]) const noexcept {
+  out[0] = qp->send_local;
+  out[1] = qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].live ? cqs_[qp->recv_cq].info.local : nullptr;
+  if (out[1] == out[0]) out[1] = nullptr;
+}
+
+// The claim's mode follows the producer count (local_cq.h): several, a CAS;
+// one, a plain store. The mode changes under the sq_lock of the one producer
+// that may be running: the existing one when a second was just added (the
+// new QP is not handed out yet), the remaining one when the other left
+// (destroy_qp waited for its last completion). Caller holds mu_.
+void LocalContext::own_producers_changed(LocalCq* l) noexcept {
+  const bool multi = l->producers.size() > 1;
+  if (l->multi() == multi) return;
+  if (l->producers.empty()) {  // cannot happen (two -> none is two steps); nobody runs
+    l->set_multi(false);
+    return;
+  }
+  // Only one -> two and two -> one change the mode: producers[0] is the
+  // producer that may be running.
+  Qp* running = l->producers.front();
+  running->sq_lock.lock();
+  l->set_multi(multi);
+  running->sq_lock.unlock();
 }
 
 // Multicast (UD only; a multicast GID and LID, IBA 4.1.1 / 10.5).
@@ -192,6 +235,16 @@ int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
   if (qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].refs) cqs_[qp->recv_cq].refs -= 1;
   if (qp->srq != layout::kNoIndex) srq_ref(qp->srq, -1);
   live_qps_.erase(std::find(live_qps_.begin(), live_qps_.end(), qp));
+  // No producer of its FIFOs any more (its last completion is behind the
+  // sq_lock taken above); one that remains alone claims without a CAS.
+  LocalCq* fifos[2];
+  own_fifos(qp, fifos);
+  for (LocalCq* l : fifos)
+    if (l) {
+      auto it = std::find(l->producers.begin(), l->producers.end(), qp);
+      if (it != l->producers.end()) l->producers.erase(it);
+      own_producers_changed(l);
+    }
   if (qp->mcast_attached) registry_.mcast_detach_qp(slot_, generation_, qp->qpn);  // the kernel detaches too
   qps_[qp->index].reset();
   uncharge(layout::kObjQp);

@@ -225,11 +225,11 @@ inline void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode,
     w.byte_len = byte_len;
     w.qp_num = qp->qpn;
     l->publish(s, pos);
-    // Pairs with the fence in arm_cq (cq.cc, P4): either the poll the
-    // application makes after arming sees this completion, or we see the
-    // arming. A send completion qualifies for a solicited-only arming when
-    // it is an error (as push_cqe's qualifies()).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // No fence: arm_cq takes and drops our sq_lock after arming (local_cq.h),
+    // so either the poll the application makes after arming sees this
+    // completion, or we see the arming. A send completion qualifies for a
+    // solicited-only arming when it is an error (as push_cqe's qualifies()).
+    std::atomic_signal_fence(std::memory_order_seq_cst);
     const uint32_t m = l->entry->notify.load(std::memory_order_relaxed);
     if (m == layout::kNotifyNext || (m == layout::kNotifySolicited && status != IBV_WC_SUCCESS)) [[unlikely]]
       own_send_armed(qp->send_cq, status);

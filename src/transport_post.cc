@@ -486,7 +486,7 @@ void LocalContext::flush_own_recv(Qp* qp, const layout::Cqe& c) noexcept {
   w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
   w.qp_num = c.qp_num;
   l->publish(s, pos);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // as complete_send
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // as complete_send: arm_cq takes our sq_lock
   const uint32_t m = l->entry->notify.load(std::memory_order_relaxed);
   if (m == layout::kNotifyNext || m == layout::kNotifySolicited) own_send_armed(cq, c.status);  // an error
 }

@@ -6,7 +6,9 @@
 //                               QP pair connected to each other
 //   events_helper resize        ibv_resize_cq keeps queued completions, rejects too small
 //   events_helper busy          destroy_cq EBUSY, channel refcounts
-//   events_helper own-sends     our own send completions (the CQ's private FIFO)
+//   events_helper own-sends     our own send completions (the CQ's private FIFO):
+//                               order, overrun, resize, events, threads, the
+//                               claim switching under traffic, arming races
 //   events_helper no-shim       without the shim: no channel, no CQ on a fake channel
 //   events_helper node          interactive (commands on stdin, see run_node)
 //   events_helper stress-owner  receives N messages while resizing its CQ
@@ -580,8 +582,10 @@ void stress_sender(int n) {
 // completions of one CQ both delivered, an overrun from own sends alone,
 // resize with own completions pending, a channel woken by an own send
 // completion (also a solicited-only arming, by an error completion), two
-// posting threads on two QPs of one CQ with a third polling, and the order
-// of a receive success, the send error after it and the flushes it causes.
+// posting threads on two QPs of one CQ with a third polling, the order of a
+// receive success, the send error after it and the flushes it causes, the
+// claim's switch between one and several producers under traffic, and
+// arming against a completion another thread makes.
 
 void post_write(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t rkey, uint64_t raddr, unsigned flags = IBV_SEND_SIGNALED) {
   ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 8, mr->lkey};
@@ -860,6 +864,188 @@ void own_sends() {
           "destroy 6");
   }
   say("own-sends: error order ok");
+
+  // 7. The claim's mode changes under traffic (local_cq.h: one producer
+  // claims with a plain store, several with a CAS): a0 keeps posting into cq
+  // while, round after round, another QP of cq is created (one producer ->
+  // two while a0 posts), posts, and is destroyed again (two -> one while a0
+  // posts). Every completion arrives once, each QP's in order.
+  {
+    constexpr int kRounds = 8;
+    constexpr uint64_t kPerRound = 4000;
+    constexpr uint64_t kWindow = 48;
+    ibv_cq* cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    auto pair0 = loop_pair(ctx, pd, cq, other);
+    ibv_qp* a0 = pair0.first;
+    std::atomic<uint32_t> qpn[kRounds + 1];
+    std::atomic<uint64_t> polled[kRounds + 1];
+    for (int r = 0; r <= kRounds; ++r) {
+      qpn[r].store(0, std::memory_order_relaxed);
+      polled[r].store(0, std::memory_order_relaxed);
+    }
+    qpn[0].store(a0->qp_num, std::memory_order_relaxed);
+    std::atomic<bool> stop{false}, a0_done{false}, failed{false};
+    std::atomic<uint64_t> posted0{0}, bad{0};
+    // Waits until polled[q] reaches at least `want` (false: the poller failed).
+    auto wait_polled = [&](int q, uint64_t want) {
+      while (polled[q].load(std::memory_order_acquire) < want)
+        if (failed.load(std::memory_order_relaxed)) return false;
+        else sched_yield();
+      return true;
+    };
+    auto poster0 = [&] {
+      uint64_t i = 0;
+      while (!stop.load(std::memory_order_acquire)) {
+        if (i >= kWindow && !wait_polled(0, i - kWindow + 1)) break;
+        post_write(a0, mr, i, mr->rkey, raddr);
+        posted0.store(++i, std::memory_order_release);
+      }
+      a0_done.store(true, std::memory_order_release);
+    };
+    auto poller = [&] {
+      uint64_t next[kRounds + 1] = {};
+      for (;;) {
+        ibv_wc w[16];
+        const int k = ibv_poll_cq(cq, 16, w);
+        for (int j = 0; j < k; ++j) {
+          const uint64_t q = w[j].wr_id >> 32, i = w[j].wr_id & 0xffffffffu;
+          if (q > kRounds || i != next[q] || w[j].status != IBV_WC_SUCCESS ||
+              w[j].qp_num != qpn[q].load(std::memory_order_acquire)) {
+            bad.store(w[j].wr_id | (uint64_t{w[j].status} << 56), std::memory_order_relaxed);
+            failed.store(true, std::memory_order_release);
+            return;
+          }
+          next[q] += 1;
+          polled[q].store(next[q], std::memory_order_release);
+        }
+        if (k < 0) {
+          failed.store(true, std::memory_order_release);
+          return;
+        }
+        if (k == 0) {
+          if (a0_done.load(std::memory_order_acquire) && next[0] == posted0.load(std::memory_order_acquire)) return;
+          sched_yield();
+        }
+      }
+    };
+    std::thread p(poller), t0(poster0);
+    bool ok = true;
+    for (int r = 1; r <= kRounds && ok; ++r) {
+      // a0 is posting (some of its completions arrive) when the second QP appears.
+      ok = wait_polled(0, polled[0].load(std::memory_order_relaxed) + 100);
+      if (!ok) break;
+      auto pr = loop_pair(ctx, pd, cq, other);
+      ibv_qp* a = pr.first;
+      qpn[r].store(a->qp_num, std::memory_order_release);
+      for (uint64_t i = 0; i < kPerRound && ok; ++i) {
+        if (i >= kWindow) ok = wait_polled(r, i - kWindow + 1);
+        if (ok) post_write(a, mr, (uint64_t{static_cast<unsigned>(r)} << 32) | i, mr->rkey, raddr + 8);
+      }
+      ok = ok && wait_polled(r, kPerRound);
+      // One producer again while a0 still posts.
+      CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(pr.second) == 0, "destroy qp 6, round %d", r);
+    }
+    stop.store(true, std::memory_order_release);
+    t0.join();
+    p.join();
+    CHECK(ok && !failed.load(), "switch: completion out of order, wrong or missing: wr_id %llx (posted %llu of a0)",
+          static_cast<unsigned long long>(bad.load()), static_cast<unsigned long long>(posted0.load()));
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "switch: a completion too many");
+    CHECK(ibv_destroy_qp(a0) == 0 && ibv_destroy_qp(pair0.second) == 0, "destroy qp 6");
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0, "destroy 6");
+    say("own-sends: producer switch ok (a0 posted %llu)", static_cast<unsigned long long>(posted0.load()));
+  }
+
+  // 8. Arming against a completion another thread makes (the producer reads
+  // notify without a fence; arm_cq takes the producers' locks): one QP
+  // completes into the armed CQ (the plain claim), then two (the CAS), and a
+  // poster thread posts one signaled WRITE per round, alternating QPs. Even rounds: it posts right after
+  // ibv_req_notify_cq returned, so the event must come. Odd rounds: it posts
+  // while the CQ is being armed, so either the poll right after arming finds
+  // the completion or the event must come.
+  auto arm_races = [&](int nqps) {
+    constexpr int kArmRounds = 10000;
+    ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+    CHECK(ch, "create_comp_channel (errno %d)", errno);
+    ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+    ibv_cq* other = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
+    CHECK(cq && other, "create_cq");
+    std::vector<std::pair<ibv_qp*, ibv_qp*>> prs;
+    for (int q = 0; q < nqps; ++q) prs.push_back(loop_pair(ctx, pd, cq, other));
+    std::atomic<int> go{-1}, done{-1};
+    auto spin_until = [](std::atomic<int>& v, int want) {
+      for (unsigned k = 0; v.load(std::memory_order_acquire) < want; ++k)
+        if (k < 20000) __builtin_ia32_pause();
+        else sched_yield();  // the machine is busy: let the other thread run
+    };
+    std::thread poster([&] {
+      for (int r = 0; r < kArmRounds; ++r) {
+        spin_until(go, r);
+        post_write(prs[r % nqps].first, mr, static_cast<uint64_t>(r), mr->rkey, raddr + 8 * (r % nqps));
+        done.store(r, std::memory_order_release);
+      }
+    });
+    int events = 0, raced_polled = 0, head = 0;
+    auto take_event = [&](int r) {
+      ibv_cq* ecq = nullptr;
+      void* ectx = nullptr;
+      CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "arm round %d: get_cq_event", r);
+      ibv_ack_cq_events(cq, 1);
+      ++events;
+    };
+    for (int r = 0; r < kArmRounds; ++r) {
+      const bool raced = r & 1;
+      if (raced) {
+        go.store(r, std::memory_order_release);
+        // A head start that follows the boundary between "the poll after
+        // arming found it" and "it did not" (longer when it did not, shorter
+        // when it did), with some jitter: the posts land around the arming
+        // whatever the machine's speed and load.
+        for (int k = head + (r * 37) % 17 - 8; k > 0; --k) __builtin_ia32_pause();
+      }
+      CHECK(ibv_req_notify_cq(cq, 0) == 0, "arm round %d", r);
+      if (!raced) go.store(r, std::memory_order_release);
+      bool got = false;
+      if (raced) {
+        ibv_wc w;
+        const int k = ibv_poll_cq(cq, 1, &w);
+        CHECK(k >= 0, "arm round %d: poll %d", r, k);
+        if (k == 0) head = std::min(4096, head + 2);
+        if (k == 1) {
+          CHECK(w.wr_id == static_cast<uint64_t>(r) && w.status == IBV_WC_SUCCESS, "arm round %d: polled %llu", r,
+                static_cast<unsigned long long>(w.wr_id));
+          got = true;
+          ++raced_polled;
+          head = std::max(0, head - 2);
+        }
+      }
+      if (!got) {
+        CHECK(readable(ch->fd, 5000), "arm round %d (%s): no event for an own send completion after arming", r,
+              raced ? "posted while arming, not polled after" : "posted after arming");
+        take_event(r);
+        std::vector<ibv_wc> w = poll_n(cq, 1);
+        CHECK(w[0].wr_id == static_cast<uint64_t>(r) && w[0].status == IBV_WC_SUCCESS, "arm round %d: %llu", r,
+              static_cast<unsigned long long>(w[0].wr_id));
+      }
+      // The post returned: any event it fired is in the channel.
+      spin_until(done, r);
+      if (got && readable(ch->fd, 0)) take_event(r);
+      CHECK(!readable(ch->fd, 0), "arm round %d: a second event", r);
+    }
+    poster.join();
+    ibv_wc extra;
+    CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "arm: a completion too many");
+    for (auto& pr : prs) CHECK(ibv_destroy_qp(pr.first) == 0 && ibv_destroy_qp(pr.second) == 0, "destroy qp 7");
+    CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0, "destroy 7");
+    CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel 7");
+    say("own-sends: arming races with %d QP(s) ok (%d events, %d of %d raced rounds polled first, head start %d)",
+        nqps, events, raced_polled, kArmRounds / 2, head);
+  };
+  arm_races(1);
+  arm_races(2);
 
   CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0, "teardown");
   say("OK own-sends");
