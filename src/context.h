@@ -428,6 +428,9 @@ class LocalContext {
   int destroy_srq(uint32_t index) noexcept;  // EBUSY while QPs use it
   // Posts one receive (lock-free). EINVAL: too many SGEs; ENOMEM: full.
   int post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
+  // After an ibv_post_srq_recv call posted at least one WQE: wakes the
+  // initiators that wait for a receive on a QP attached to the SRQ.
+  void srq_posted(const SrqInfo& srq) noexcept;
   void set_srq_user(uint32_t index, void* user) noexcept;
 
  private:

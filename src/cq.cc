@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "async.h"
@@ -57,8 +58,19 @@ constexpr uint32_t kCqeStride =
 // pushes in progress (a producer that died mid-push never finishes).
 constexpr uint64_t kQuiesceWaitNs = 2'000'000'000ull;
 // A blocked ibv_get_cq_event retries waiting sends this often (the
-// transport's timer; progress tokens usually wake it sooner).
-constexpr int kRetryPollMs = 2;
+// transport's timer; progress tokens usually wake it sooner): 2 ms, or
+// SHMRDMA_RETRY_POLL_MS (1 .. 3,600,000; man 7 shmrdma). A long period
+// shows whether a waiter is woken rather than found by the timer (tests).
+int retry_poll_ms() noexcept {
+  static const int ms = [] {
+    const char* v = std::getenv("SHMRDMA_RETRY_POLL_MS");
+    if (!v || !*v) return 2;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return *end || n < 1 || n > 3'600'000 ? 2 : static_cast<int>(n);
+  }();
+  return ms;
+}
 
 uint64_t mono_ns() {
   timespec ts{};
@@ -223,7 +235,7 @@ int LocalContext::get_channel_event(uint32_t number, int fd, void** cq_user, voi
       int fl = ::fcntl(fd, F_GETFL);
       if (fl >= 0 && !(fl & O_NONBLOCK)) {
         pollfd p{fd, POLLIN, 0};
-        int k = ::poll(&p, 1, kRetryPollMs);
+        int k = ::poll(&p, 1, retry_poll_ms());
         if (k < 0) return errno;
         if (k == 0) {
           progress_all();

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 13;
+inline constexpr uint32_t kLayoutVersion = 14;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -548,8 +548,14 @@ struct SrqEntry {
   uint32_t cq_index;  // kNoIndex for a basic SRQ
   uint64_t xrcd_dev;
   uint64_t xrcd_ino;
+  // A basic SRQ: set by an initiator whose send found it empty and waits
+  // (RNR) on a QP attached to it, beside that QP's own initiator_waiting;
+  // the owner's next post wakes the waiters (srq.cc srq_posted). An XRC SRQ
+  // does not use it: its XRC_RECV QPs may live in other processes.
+  std::atomic<uint32_t> initiator_waiting;
+  uint32_t reserved;
 };
-static_assert(sizeof(SrqEntry) == 72);
+static_assert(sizeof(SrqEntry) == 80);
 
 // An XRC domain is named by the file behind the descriptor it was opened
 // with (st_dev, st_ino), so every process that opens the same file shares

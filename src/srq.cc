@@ -13,6 +13,11 @@
 // does not flush the SRQ (it is not per QP), and destroying the SRQ simply
 // discards what is still posted.
 //
+// An initiator whose send finds the SRQ empty and waits (RNR) sets the
+// SrqEntry's initiator_waiting beside its target QP's; the owner's next
+// post_srq_recv call (srq_posted, once per ibv_post_srq_recv) wakes the
+// initiators of the QPs attached to the SRQ, as post_recv wakes a QP's.
+//
 // The limit event: SrqEntry::limit is armed by modify_srq (IBV_SRQ_LIMIT).
 // Whoever claims a WQE (a peer, usually) checks it afterwards: when fewer
 // WQEs than the limit remain it disarms the limit with an atomic exchange
@@ -78,6 +83,7 @@ int LocalContext::create_srq_impl(uint32_t pd, uint32_t max_wr, uint32_t max_sge
   e->max_sge = sges;
   e->slot_stride = stride;
   e->limit.store(0, std::memory_order_relaxed);
+  e->initiator_waiting.store(0, std::memory_order_relaxed);
   e->ring_offset = off;
   e->ring_bytes = bytes;
   e->srq_type = xrc ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
@@ -154,6 +160,22 @@ int LocalContext::post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn*
   int rc = post_recv_wqe(srq.ring, wr_id, sges, num_sge, &pos);
   if (rc == 0) warm_post_slot_.store(srq.ring.slot_address(pos + 1), std::memory_order_relaxed);
   return rc;
+}
+
+void LocalContext::srq_posted(const SrqInfo& srq) noexcept {
+  // Pairs with the initiator's fence between setting the SRQ's
+  // initiator_waiting and looking at the ring again (transport_take.cc
+  // deliver): either it sees the WQEs just posted or we see its flag.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  auto& waiting = table<layout::SrqEntry>(layout_.srq_table)[srq.index].initiator_waiting;
+  if (!waiting.load(std::memory_order_relaxed) || !waiting.exchange(0, std::memory_order_relaxed)) [[likely]]
+    return;
+  // Every QP attached to the SRQ whose initiator waits: the flag does not
+  // say which (each QP's own flag does: wake_initiator). mu_ then sq_lock,
+  // as progress_all takes them.
+  std::lock_guard lk(mu_);
+  for (Qp* q : live_qps_)
+    if (q->srq == srq.index) wake_initiator(q);
 }
 
 void LocalContext::set_srq_user(uint32_t index, void* user) noexcept {

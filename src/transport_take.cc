@@ -359,6 +359,9 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       // receiver runs after posting: either we see its WQE or it sees the flag.
       if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
         t->initiator_waiting.store(1, std::memory_order_relaxed);
+      // A basic SRQ's post wakes the initiators of its QPs (srq.cc srq_posted).
+      if (se && !xrc && !se->initiator_waiting.load(std::memory_order_relaxed))
+        se->initiator_waiting.store(1, std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       claimed = rq.try_claim_announced(announce);
     }

@@ -396,7 +396,8 @@ void no_shim() {
 //   POLL send|recv n           poll until n completions, print their wr_ids
 //   QUIT                       tear down and exit
 // Answers "OK ..." or a result line; anything wrong: "FAIL: ..." and exit 1.
-void run_node() {
+// with_srq: the QP's receives come from a basic SRQ (RECV posts there).
+void run_node(bool with_srq) {
   ibv_context* ctx = open_device();
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
@@ -407,7 +408,26 @@ void run_node() {
   CHECK(scq && rcq, "create_cq (errno %d)", errno);
   char* buf = alloc_buf(65536);
   ibv_mr* mr = ibv_reg_mr(pd, buf, 65536, kAccess);
-  ibv_qp* qp = make_qp(pd, scq, rcq);
+  ibv_srq* srq = nullptr;
+  ibv_qp* qp = nullptr;
+  if (with_srq) {
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = 256;
+    sa.attr.max_sge = 1;
+    srq = ibv_create_srq(pd, &sa);
+    CHECK(srq, "create_srq (errno %d)", errno);
+    ibv_qp_init_attr a{};
+    a.send_cq = scq;
+    a.recv_cq = rcq;
+    a.srq = srq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = 64;
+    a.cap.max_send_sge = 1;
+    qp = ibv_create_qp(pd, &a);
+    CHECK(qp, "create_qp with an SRQ (errno %d)", errno);
+  } else {
+    qp = make_qp(pd, scq, rcq);
+  }
   say("ADDR %u %u", port_lid(ctx), qp->qp_num);
   uint64_t next_recv = 0, next_send = 0;
   unsigned unacked_send = 0, unacked_recv = 0;
@@ -424,7 +444,19 @@ void run_node() {
     } else if (cmd == "RECV") {
       int n = 0;
       in >> n;
-      for (int i = 0; i < n; ++i) post_recv(qp, mr, next_recv++, 4096);
+      for (int i = 0; i < n; ++i) {
+        if (!srq) {
+          post_recv(qp, mr, next_recv++, 4096);
+          continue;
+        }
+        ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 4096, mr->lkey};
+        ibv_recv_wr wr{};
+        wr.wr_id = next_recv++;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr* bad = nullptr;
+        CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0, "post_srq_recv");
+      }
       say("OK posted %d", n);
     } else if (cmd == "ARM") {
       std::string which;
@@ -474,6 +506,7 @@ void run_node() {
       say("POLLED%s", ids.c_str());
     } else if (cmd == "QUIT") {
       CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+      CHECK(!srq || ibv_destroy_srq(srq) == 0, "destroy_srq");
       CHECK(ibv_destroy_cq(scq) == 0 && ibv_destroy_cq(rcq) == 0, "destroy_cq");
       CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
       ibv_dereg_mr(mr);
@@ -1062,7 +1095,7 @@ int main(int argc, char** argv) {
   else if (mode == "busy") busy();
   else if (mode == "own-sends") own_sends();
   else if (mode == "no-shim") no_shim();
-  else if (mode == "node") run_node();
+  else if (mode == "node") run_node(argc > 2 && std::string(argv[2]) == "srq");
   else if (mode == "stress-owner" && argc > 2) stress_owner(std::atoi(argv[2]));
   else if (mode == "stress-sender" && argc > 2) stress_sender(std::atoi(argv[2]));
   else fail("unknown mode %s", mode.c_str());

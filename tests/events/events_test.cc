@@ -42,10 +42,21 @@ std::string ask(Child& c, const std::string& cmd, int timeout_ms = kStepMs) {
 }
 
 // Two connected nodes (interactive events_helper processes).
+// A blocked ibv_get_cq_event retries waiting sends every
+// SHMRDMA_RETRY_POLL_MS (2 ms by default): an initiator started with this
+// long a period gets its send through within a test step only when the
+// receiver's post wakes it.
+const std::string kNoRetryTimer = "SHMRDMA_RETRY_POLL_MS=3600000";
+
 struct Pair {
   Child a, b;
-  bool start() {
-    if (!a.start(run_helper({"node"}), harness::kDialog) || !b.start(run_helper({"node"}), harness::kDialog)) {
+  // a_env: VAR=VALUE for A (run under env(1)); b_srq: B's receives come
+  // from an SRQ.
+  bool start(const std::string& a_env = "", bool b_srq = false) {
+    std::vector<std::string> av = run_helper({"node"}), bv = run_helper(b_srq ? std::vector<std::string>{"node", "srq"}
+                                                                                 : std::vector<std::string>{"node"});
+    if (!a_env.empty()) av.insert(av.begin(), {"env", a_env});
+    if (!a.start(av, harness::kDialog) || !b.start(bv, harness::kDialog)) {
       ADD_FAILURE() << a.output() << b.output();
       return false;
     }
@@ -175,11 +186,13 @@ TEST(Events, EventForALocalSendCompletion) {
 }
 
 // An initiator blocked in ibv_get_cq_event while its send waits for the
-// receiver (RNR) is woken when the receiver posts a receive.
-TEST(Events, BlockedInitiatorWakesWhenTheReceiverPosts) {
-  HARNESS_REQUIRE_DEVICE();
+// receiver (RNR) is woken when the receiver posts a receive (into the QP's
+// receive queue, or into the SRQ the QP takes its receives from). The
+// initiator's retry timer is off (kNoRetryTimer): only the wake-up gets the
+// send through.
+void blocked_initiator_wakes(bool srq) {
   Pair p;
-  ASSERT_TRUE(p.start());
+  ASSERT_TRUE(p.start(kNoRetryTimer, srq));
   ASSERT_EQ(ask(p.a, "ARM send 0"), "OK armed send 0");
   ASSERT_EQ(ask(p.a, "SEND 1 sig"), "OK sent 1");  // B has no receive posted
   ASSERT_TRUE(p.a.write_line("EVENT"));
@@ -206,6 +219,16 @@ TEST(Events, BlockedInitiatorWakesWhenTheReceiverPosts) {
   EXPECT_EQ(*l, "EVENT recv");
   EXPECT_EQ(ask(p.a, "POLL recv 1"), "POLLED 0");
   p.quit();
+}
+
+TEST(Events, BlockedInitiatorWakesWhenTheReceiverPosts) {
+  HARNESS_REQUIRE_DEVICE();
+  blocked_initiator_wakes(false);
+}
+
+TEST(Events, BlockedInitiatorWakesWhenTheReceiverPostsToItsSrq) {
+  HARNESS_REQUIRE_DEVICE();
+  blocked_initiator_wakes(true);
 }
 
 TEST(Events, ResizeWhileAPeerProduces) {
