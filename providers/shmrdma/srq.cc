@@ -139,9 +139,9 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
 int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Srq* srq = to_srq(ibsrq);
   LocalContext* core = to_ctx(ibsrq->context)->core;
+  int rc = 0;
   bool posted = false;
   for (; wr; wr = wr->next) {
-    int rc = 0;
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
       rc = EINVAL;
     } else {
@@ -151,13 +151,12 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcep
     }
     if (rc) {
       if (bad_wr) *bad_wr = wr;
-      if (posted) core->srq_posted(srq->info);
-      return rc;
+      break;
     }
     posted = true;
   }
   if (posted) core->srq_posted(srq->info);  // a sender may wait for these receives (RNR)
-  return 0;
+  return rc;
 }
 
 int get_srq_num(ibv_srq* ibsrq, uint32_t* srq_num) noexcept {

@@ -93,15 +93,18 @@ uint16_t port_lid(ibv_context* ctx) {
   return pa.lid;
 }
 
-ibv_qp* make_qp(ibv_pd* pd, ibv_cq* scq, ibv_cq* rcq, uint32_t send_wr = 64, uint32_t recv_wr = 256) {
+// srq: the QP takes its receives from it (no receive queue of its own).
+ibv_qp* make_qp(ibv_pd* pd, ibv_cq* scq, ibv_cq* rcq, uint32_t send_wr = 64, uint32_t recv_wr = 256,
+                ibv_srq* srq = nullptr) {
   ibv_qp_init_attr a{};
   a.send_cq = scq;
   a.recv_cq = rcq;
+  a.srq = srq;
   a.qp_type = IBV_QPT_RC;
   a.cap.max_send_wr = send_wr;
-  a.cap.max_recv_wr = recv_wr;
+  a.cap.max_recv_wr = srq ? 0 : recv_wr;
   a.cap.max_send_sge = 1;
-  a.cap.max_recv_sge = 1;
+  a.cap.max_recv_sge = srq ? 0 : 1;
   ibv_qp* qp = ibv_create_qp(pd, &a);
   CHECK(qp, "create_qp (errno %d)", errno);
   return qp;
@@ -140,14 +143,16 @@ void connect_qp(ibv_qp* qp, Addr remote) {
         "RTS");
 }
 
-void post_recv(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t len = 64) {
+// Into the QP's receive queue, or into srq when there is one.
+void post_recv(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t len = 64, ibv_srq* srq = nullptr) {
   ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), len, mr->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "post_recv");
+  if (srq) CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0, "post_srq_recv");
+  else CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "post_recv");
 }
 
 void post_send(ibv_qp* qp, ibv_mr* mr, uint64_t wr_id, uint32_t len, unsigned flags, bool imm = false,
@@ -409,25 +414,14 @@ void run_node(bool with_srq) {
   char* buf = alloc_buf(65536);
   ibv_mr* mr = ibv_reg_mr(pd, buf, 65536, kAccess);
   ibv_srq* srq = nullptr;
-  ibv_qp* qp = nullptr;
   if (with_srq) {
     ibv_srq_init_attr sa{};
     sa.attr.max_wr = 256;
     sa.attr.max_sge = 1;
     srq = ibv_create_srq(pd, &sa);
     CHECK(srq, "create_srq (errno %d)", errno);
-    ibv_qp_init_attr a{};
-    a.send_cq = scq;
-    a.recv_cq = rcq;
-    a.srq = srq;
-    a.qp_type = IBV_QPT_RC;
-    a.cap.max_send_wr = 64;
-    a.cap.max_send_sge = 1;
-    qp = ibv_create_qp(pd, &a);
-    CHECK(qp, "create_qp with an SRQ (errno %d)", errno);
-  } else {
-    qp = make_qp(pd, scq, rcq);
   }
+  ibv_qp* qp = make_qp(pd, scq, rcq, 64, 256, srq);
   say("ADDR %u %u", port_lid(ctx), qp->qp_num);
   uint64_t next_recv = 0, next_send = 0;
   unsigned unacked_send = 0, unacked_recv = 0;
@@ -444,19 +438,7 @@ void run_node(bool with_srq) {
     } else if (cmd == "RECV") {
       int n = 0;
       in >> n;
-      for (int i = 0; i < n; ++i) {
-        if (!srq) {
-          post_recv(qp, mr, next_recv++, 4096);
-          continue;
-        }
-        ibv_sge sge{reinterpret_cast<uint64_t>(mr->addr), 4096, mr->lkey};
-        ibv_recv_wr wr{};
-        wr.wr_id = next_recv++;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        ibv_recv_wr* bad = nullptr;
-        CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0, "post_srq_recv");
-      }
+      for (int i = 0; i < n; ++i) post_recv(qp, mr, next_recv++, 4096, srq);
       say("OK posted %d", n);
     } else if (cmd == "ARM") {
       std::string which;

@@ -41,13 +41,13 @@ std::string ask(Child& c, const std::string& cmd, int timeout_ms = kStepMs) {
   return *l;
 }
 
-// Two connected nodes (interactive events_helper processes).
 // A blocked ibv_get_cq_event retries waiting sends every
 // SHMRDMA_RETRY_POLL_MS (2 ms by default): an initiator started with this
 // long a period gets its send through within a test step only when the
 // receiver's post wakes it.
 const std::string kNoRetryTimer = "SHMRDMA_RETRY_POLL_MS=3600000";
 
+// Two connected nodes (interactive events_helper processes).
 struct Pair {
   Child a, b;
   // a_env: VAR=VALUE for A (run under env(1)); b_srq: B's receives come
