@@ -102,7 +102,7 @@ class Spec:
 
     key: str  # unique, e.g. "shmrdma/ib_write_lat/2"
     impl: str  # shmrdma | ucx | fi | ucx-verbs (UCX over shmrdma) | mpi
-    variant: str  # shmrdma | posix | sm | uct-posix | shm | rc_verbs | ucx-rc_v (over shmrdma) | vader
+    variant: str  # shmrdma | posix | sm | uct-posix | shm | rc_verbs | ucx-rc_v (over shmrdma) | ucx-sm | vader
     test: str  # ib_write_lat, tag_lat, pingpong, ...
     size: int
     server: list[str]  # argv without the wrapper (timeout/taskset/shmrdma run); [] for one command (mpirun)
@@ -120,8 +120,9 @@ class Spec:
         if self.impl == "ucx-verbs":
             return f"ucx {self.test} (rc_verbs over shmrdma)"
         if self.impl == "mpi":
-            return ("Open MPI ping-pong (pml ucx, rc_v over shmrdma)" if self.variant == "ucx-rc_v"
-                    else "Open MPI ping-pong (pml ob1, btl vader)")
+            return {"ucx-rc_v": "Open MPI ping-pong (pml ucx, rc_v over shmrdma)",
+                    "ucx-sm": "Open MPI ping-pong (pml ucx, UCX sm)"}.get(
+                        self.variant, "Open MPI ping-pong (pml ob1, btl vader)")
         return f"fi_pingpong ({self.variant})"
 
     @property
@@ -232,7 +233,9 @@ class Plan:
 
     def mpi(self, variant: str, size: int, iters: int, timeout: float = 60.0) -> str | None:
         """The Open MPI ping-pong (one mpirun, two ranks): pml ucx with
-        UCX_TLS=rc_v over shmrdma, or pml ob1 with btl vader (no RDMA)."""
+        UCX_TLS=rc_v over shmrdma, pml ucx with UCX's own shared memory
+        (UCX_TLS=sm: the same MPI and UCP layers without shmrdma), or pml ob1
+        with btl vader (no RDMA)."""
         if not self.mpi_probe:
             return None
         argv = ["mpirun", "-np", "2", "--bind-to", "none"]
@@ -243,6 +246,11 @@ class Plan:
                      "-x", "UCX_TLS=rc_v,self", "-x", f"UCX_NET_DEVICES={DEVICE}:1"]
             for kv in self.mpi_env:  # --shmrdma-env reaches the ranks
                 argv += ["-x", kv.partition("=")[0]]
+        elif variant == "ucx-sm":
+            # pml ucx declines to run unless UCX offers one of pml_ucx_tls on
+            # one of pml_ucx_devices (Open MPI 4.1: rc_verbs, ..., on mlx*).
+            argv += ["--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+                     "--mca", "osc", "^ucx", "--mca", "btl", "^openib,uct", "-x", "UCX_TLS=sm,self"]
         else:
             argv += ["--mca", "pml", "ob1", "--mca", "btl", "vader,self"]
         argv += [self.mpi_probe, str(size), str(iters)]
@@ -375,6 +383,13 @@ class Plan:
             if size == 8:
                 self.row("mpi_lat_8", "Open MPI ping-pong 8 B, pml ucx rc_v over shmrdma (peer: vader)", "lat", mu,
                          size, "handoff", [mv])
+                # The same MPI and UCP layers over UCX's own shared memory:
+                # what pml ucx costs without shmrdma, so the row above can be
+                # read as transport cost plus the layers' own.
+                ms = self.mpi("ucx-sm", size, iters)
+                g.append(ms)
+                self.row("mpi_lat_8_ucx_sm", "Open MPI ping-pong 8 B, pml ucx rc_v over shmrdma (peer: pml ucx over "
+                         "UCX sm)", "lat", mu, size, "handoff", [ms])
             else:
                 self.row(f"mpi_bw_{size}", f"Open MPI stream {sz} BW, pml ucx rc_v over shmrdma (peer: vader)", "bw",
                          mu, size, "memcpy", [mv])
