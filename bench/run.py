@@ -241,16 +241,16 @@ class Plan:
         argv = ["mpirun", "-np", "2", "--bind-to", "none"]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
+        if variant in ("ucx-rc_v", "ucx-sm"):
+            argv += ["--mca", "pml", "ucx", "--mca", "osc", "^ucx", "--mca", "btl", "^openib,uct"]
         if variant == "ucx-rc_v":
-            argv += ["--mca", "pml", "ucx", "--mca", "osc", "^ucx", "--mca", "btl", "^openib,uct",
-                     "-x", "UCX_TLS=rc_v,self", "-x", f"UCX_NET_DEVICES={DEVICE}:1"]
+            argv += ["-x", "UCX_TLS=rc_v,self", "-x", f"UCX_NET_DEVICES={DEVICE}:1"]
             for kv in self.mpi_env:  # --shmrdma-env reaches the ranks
                 argv += ["-x", kv.partition("=")[0]]
         elif variant == "ucx-sm":
             # pml ucx declines to run unless UCX offers one of pml_ucx_tls on
             # one of pml_ucx_devices (Open MPI 4.1: rc_verbs, ..., on mlx*).
-            argv += ["--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
-                     "--mca", "osc", "^ucx", "--mca", "btl", "^openib,uct", "-x", "UCX_TLS=sm,self"]
+            argv += ["--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any", "-x", "UCX_TLS=sm,self"]
         else:
             argv += ["--mca", "pml", "ob1", "--mca", "btl", "vader,self"]
         argv += [self.mpi_probe, str(size), str(iters)]
