@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "biased_lock.h"
 #include "counters.h"
 #include "layout.h"
 #include "mapped.h"
@@ -202,7 +203,7 @@ struct Qp {
   uint64_t rq_off = 0, rq_bytes = 0;
 
   // Send queue: private ring of SendSlot. retire <= exec <= tail.
-  SpinLock sq_lock;
+  BiasedLock sq_lock;  // the posting thread takes it without a locked instruction (biased_lock.h)
   std::vector<uint64_t> sq_storage;  // 8-byte units
   uint32_t sq_stride = 0;            // bytes
   uint32_t sq_mask = 0;

@@ -217,7 +217,7 @@ inline void copy_in(void* dst, const void* src, size_t len) noexcept {
 }  // namespace
 
 int LocalContext::post_fast_in(Qp* qp, const ibv_send_wr& wr, uint64_t total) noexcept {
-  std::lock_guard lk(qp->sq_lock);
+  BiasingGuard lk(qp->sq_lock);
   const uint32_t tail = qp->sq_tail;
   if (tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
   if (qp->sq_exec == tail && qp->state() == IBV_QPS_RTS && execute_fast_in(qp, wr, total) == Exec::kDone) [[likely]] {

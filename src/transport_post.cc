@@ -76,7 +76,7 @@ int LocalContext::enqueue_send(Qp* qp, const SendWr& wr) noexcept {
   bool inl = false;
   if (int rc = check_send_shape(qp->caps, wr.opcode, num_sge, wr.sg_list, wr.send_flags, &total, &inl)) return rc;
 
-  std::lock_guard lk(qp->sq_lock);
+  BiasingGuard lk(qp->sq_lock);
   if (qp->sq_tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
   SendSlot* s = qp->slot(qp->sq_tail);
   s->wr_id = wr.wr_id;
@@ -317,7 +317,7 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
     fast = op <= IBV_WR_SEND_WITH_IMM && (num_sge <= 1 || (inl && total <= kFastInlineGather));
   }
 
-  std::lock_guard lk(qp->sq_lock);
+  BiasingGuard lk(qp->sq_lock);
   const uint32_t tail = qp->sq_tail;
   if (tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
   Exec r = Exec::kNotHandled;
@@ -528,7 +528,7 @@ void LocalContext::enter_error(Qp* qp) noexcept {
 }
 
 void LocalContext::progress(Qp* qp) noexcept {
-  std::lock_guard lk(qp->sq_lock);
+  BiasingGuard lk(qp->sq_lock);
   progress_locked(qp);
 }
 
