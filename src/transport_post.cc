@@ -155,7 +155,6 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
 // caches or fails it exactly as before. Inline in post_send, its one caller.
 [[gnu::always_inline]] inline LocalContext::Exec LocalContext::execute_fast(Qp* qp, const ibv_send_wr& wr, uint64_t len,
                                                                             bool inl, uint32_t* status) noexcept {
-  const QpAttr& a = qp->attr;
   Peer* pp;
   layout::QpEntry* t = fast_target(qp, &pp);
   if (!t) [[unlikely]]
@@ -166,14 +165,15 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   // executes before it returns), or the SGE checked against our MR table:
   // live, an MR, not on-demand, this lkey and our PD in one word
   // (MrState::fast_match), then the range.
-  IoVec local[1];
-  uint32_t nlocal = 0;
+  // (src: kept in a register; the IoVec that deliver and the slow WRITE
+  // take is made only where they are called.)
+  void* src = nullptr;
   if (len) {
     const ibv_sge& g = wr.sg_list[0];
     if (inl) {
       // Inline bytes in several SGEs (UCX's active messages: its header,
       // then the payload) are gathered first, so one source moves as before.
-      local[0] = {wr.num_sge > 1 ? gather_inline(qp, wr) : reinterpret_cast<void*>(g.addr), len};
+      src = wr.num_sge > 1 ? gather_inline(qp, wr) : reinterpret_cast<void*>(g.addr);
     } else {
       const uint32_t i = layout::key_index(g.lkey);
       if (i >= mr_slots_) [[unlikely]]  // mrs_.size()
@@ -182,11 +182,9 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
       const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
       if (m.fast_match != (qp->pd_match | g.lkey) || off > m.length || len > m.length - off) [[unlikely]]
         return Exec::kNotHandled;
-      local[0] = {reinterpret_cast<void*>(m.addr + off), len};
+      src = reinterpret_cast<void*>(m.addr + off);
     }
-    nlocal = 1;
   }
-  qp->local_odp = false;
 
   const uint32_t op = wr.opcode;
   if (op <= IBV_WR_RDMA_WRITE_WITH_IMM) {
@@ -194,8 +192,8 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
       // The one-word hit (remote_write_hit); else remote_hit's, which also
       // answers for MRs moved with CMA.
       uint8_t* dst = remote_write_hit(qp, peer, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
-      if (!dst || !move_out_small(dst, local[0].base, len)) [[unlikely]]
-        if (write_fast_slow(qp, peer, wr, dst, local[0], len)) return Exec::kNotHandled;
+      if (!dst || !move_out_small(dst, src, len)) [[unlikely]]
+        if (write_fast_slow(qp, peer, wr, dst, IoVec{src, len}, len)) return Exec::kNotHandled;
     }
     if (op == IBV_WR_RDMA_WRITE) {
       count::sent_rc(cnt_, qp, IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
@@ -203,7 +201,13 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
     }
   }
 
-  // SEND, SEND_WITH_IMM, the receive of WRITE_WITH_IMM.
+  // SEND, SEND_WITH_IMM, the receive of WRITE_WITH_IMM. What deliver reads
+  // (a WRITE's moves above do not: a miss goes the general way, which sets
+  // it itself).
+  qp->local_odp = false;
+  const QpAttr& a = qp->attr;
+  const IoVec local[1] = {{src, len}};
+  const uint32_t nlocal = len ? 1 : 0;
   const bool uc = qp->qp_type == IBV_QPT_UC;
   layout::Cqe cqe{};
   cqe.qp_num = t->qpn;
@@ -216,6 +220,7 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }
   Exec r = uc ? Exec::kDone : Exec::kError;
+  *status = IBV_WC_SUCCESS;  // deliver sets it when it fails the WQE (kError)
   switch (deliver(qp, peer, t, op, len, local, nlocal, nullptr, !uc, cqe, status)) {
     case Deliver::kDone: r = Exec::kDone; break;
     case Deliver::kNoReceive: r = uc ? Exec::kDone : Exec::kNotHandled; break;  // UC drops; RC: the RNR wait
@@ -321,7 +326,7 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
   const uint32_t tail = qp->sq_tail;
   if (tail - qp->sq_retire >= qp->caps.max_send_wr) return ENOMEM;
   Exec r = Exec::kNotHandled;
-  uint32_t status = IBV_WC_SUCCESS;
+  uint32_t status;  // read only after execute_fast's kError, which sets it
   if (fast && qp->sq_exec == tail && qp->state() == IBV_QPS_RTS) [[likely]] {
     r = execute_fast(qp, wr, total, inl, &status);  // counts what it executed (count::sent_rc)
     if (r == Exec::kDone) [[likely]] {
@@ -333,7 +338,8 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
       return 0;
     }
   }
-  queue_locked(qp, wr, total, inl, r == Exec::kError, status);
+  const bool failed = r == Exec::kError;
+  queue_locked(qp, wr, total, inl, failed, failed ? status : uint32_t{IBV_WC_SUCCESS});
   return 0;
 }
 
@@ -528,7 +534,7 @@ void LocalContext::enter_error(Qp* qp) noexcept {
 }
 
 void LocalContext::progress(Qp* qp) noexcept {
-  BiasingGuard lk(qp->sq_lock);
+  std::lock_guard lk(qp->sq_lock);
   progress_locked(qp);
 }
 
