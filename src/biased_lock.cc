@@ -3,7 +3,6 @@
 #include "biased_lock.h"
 
 #include <linux/membarrier.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,23 +60,10 @@ void heavy_barrier() noexcept {
   ::nanosleep(&ts, nullptr);
 }
 
-template <class Pred>
-void spin_while(Pred busy) noexcept {
-  for (unsigned spins = 0; busy(); ++spins) {
-    if (spins < 128)
-      __builtin_ia32_pause();
-    else
-      ::sched_yield();
-  }
-}
-
 }  // namespace
 
 void BiasedLock::lock_slow(uintptr_t self, bool may_bias) noexcept {
-  for (;;) {
-    spin_while([this] { return flag_.load(std::memory_order_relaxed); });
-    if (!flag_.exchange(true, std::memory_order_acquire)) break;
-  }
+  flag_.lock();
   // Holding flag_: bias_ changes only under it.
   const uintptr_t b = bias_.load(std::memory_order_relaxed);
   if (b == kShared || b == self) return;  // self: a former thread of our TCB biased it; we hold flag_
@@ -88,7 +74,7 @@ void BiasedLock::lock_slow(uintptr_t self, bool may_bias) noexcept {
   // Biased to another thread: revoke, then wait for its hold, if any, to end.
   bias_.store(kShared, std::memory_order_relaxed);
   heavy_barrier();
-  spin_while([this] { return owner_held_.load(std::memory_order_acquire) != 0; });
+  for (unsigned spins = 0; owner_held_.load(std::memory_order_acquire) != 0; ++spins) spin_pause(spins);
 }
 
 }  // namespace shmrdma

@@ -16,11 +16,10 @@
 //   compiler-only barrier, and a load of bias_: if bias_ still names it, it
 //   holds the lock. No CPU fence: its store may still sit in its store
 //   buffer while it runs the critical section.
-// - Every other thread takes flag_, a test-and-test-and-set lock, as
-//   SpinLock does. Holding flag_, a thread that finds the lock biased to
-//   another revokes the bias for good: it stores kShared into bias_, calls
-//   membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which puts a full memory
-//   barrier into every running thread of the process, and waits until
+// - Every other thread takes flag_, a SpinLock. Holding it, a thread that
+//   finds the lock biased to another revokes the bias for good: it stores
+//   kShared into bias_, calls membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED),
+//   which puts a full memory barrier into every running thread of the process, and waits until
 //   owner_held_ is clear. After the barrier, either the owner's store of
 //   owner_held_ is visible (it holds or is about to back off: we wait for
 //   its unlock), or its later load of bias_ sees kShared and it backs off
@@ -48,6 +47,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "spin_lock.h"
+
 namespace shmrdma {
 
 class BiasedLock {
@@ -59,7 +60,7 @@ class BiasedLock {
     if (owner_held_.load(std::memory_order_relaxed) == self) [[likely]]
       owner_held_.store(0, std::memory_order_release);  // pairs with a revoker's acquire
     else
-      flag_.store(false, std::memory_order_release);
+      flag_.unlock();
   }
 
   // Whether the lock is biased to a thread now (tests).
@@ -86,7 +87,7 @@ class BiasedLock {
 
   std::atomic<uintptr_t> bias_{kFresh};
   std::atomic<uintptr_t> owner_held_{0};  // the owner's identity while it holds the lock that way
-  std::atomic<bool> flag_{false};
+  SpinLock flag_;  // everyone but the owner (and the owner after a revocation)
 };
 
 // std::lock_guard for lock_biasing.
