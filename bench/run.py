@@ -1263,9 +1263,13 @@ class Report:
         L.append("")
         L.append("## Results")
         L.append("")
-        if any(lab == "far" for _b, _a, lab in place.values()):
+        labels = {lab for _b, _a, lab in place.values()}
+        if "far" in labels and "near" in labels:
             L.append("Placement changed during the run: each cell gives the figure over all rounds and, after `·`, "
                      "over the *near* rounds only (see placement below).")
+        elif "near" not in labels:
+            L.append("No round of this run had near placement (see placement below): every figure is a "
+                     "far-placement figure.")
         L.append("Ratios are the median of per-round ratios: shmrdma against the floor probed around the same "
                  "round, and against the best peer's run in the same round.")
         L.append("")
@@ -1336,7 +1340,9 @@ class Report:
         hist = self.meta_history
         if best and hist and hist.get("best_halfrtt_ns"):
             hb = hist["best_halfrtt_ns"]
-            if best > self.args.near_factor * hb:
+            if not any(lab == "near" for _b, _a, lab in place.values()):
+                L.append(f"Best probe this machine has shown: {fmt(hb)} ns ({hist.get('date', '?')}).")
+            elif best > self.args.near_factor * hb:
                 L.append(f"**The whole run had far placement:** its best probe is {best / hb:.1f}x the best this "
                          f"machine has shown ({fmt(hb)} ns on {hist.get('date', '?')}, kept in "
                          f"`bench/.build/probe-history.json`), so even its *near* rounds are far. Latencies are "
