@@ -129,6 +129,11 @@ inline void sent_rc_in(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexce
 // UD: t's own port (untrusted, checked by group()); the others the path's.
 inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t, const HomeDevice* dev) noexcept {
   QpCounting& q = qp->cnt;
+  if (q.fast_local && qp->peer_dev == q.rdev) [[likely]] {
+    // sent_rc's groups (RC/UC, set only while they are group()'s answer).
+    bump(q.fast_remote[layout::kCntRdmaRecvs], 1);
+    return;
+  }
   if (!q.rec) return;
   std::atomic<uint64_t>* r = nullptr;
   if (qp->qp_type == IBV_QPT_UD) {

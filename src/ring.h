@@ -550,6 +550,9 @@ class Ring {
   // header(pos + 1) from h == header(pos), without the multiplication: still
   // inside the slot array, since the next slot is h + stride unless pos + 1
   // wraps to slot 0.
+  static RingSlotHeader* slot_header_of(RingHandle h) noexcept {
+    return reinterpret_cast<RingSlotHeader*>(h.payload - kRingSlotHeaderBytes);
+  }
   RingSlotHeader* next_header(RingSlotHeader* h, uint32_t pos) const noexcept {
     return ((pos + 1) & mask_) != 0 ? reinterpret_cast<RingSlotHeader*>(reinterpret_cast<std::byte*>(h) + stride_)
                                     : reinterpret_cast<RingSlotHeader*>(slots_);
@@ -578,10 +581,13 @@ class Ring {
   // before a successful release_cas belongs to this caller alone.
   bool release_cas(RingHandle h) noexcept {
     assert(attached());
+    assert(h.payload == handle(h.pos).payload);
     uint32_t expect = h.pos + 1;
+    // The slot's header sits right before the payload the handle names
+    // (handle()), so its address needs no multiplication.
     // R2 on success (release); acquire so a failed caller sees why.
-    return header(h.pos)->seq.compare_exchange_strong(expect, h.pos + capacity_, std::memory_order_acq_rel,
-                                                      std::memory_order_acquire);
+    return slot_header_of(h)->seq.compare_exchange_strong(expect, h.pos + capacity_, std::memory_order_acq_rel,
+                                                          std::memory_order_acquire);
   }
 
   // Copy `len` bytes out of the next slot into private memory (MPMC-safe).

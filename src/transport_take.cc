@@ -401,7 +401,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   // while we poll, so neither waits for the line to cross cores on the
   // critical path. The receiver does not touch a posted slot until it comes
   // round again, so taking the line early costs it nothing.
-  const void* next_slot = rq.slot_address(claimed.handle.pos + 1);
+  const void* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), claimed.handle.pos);
   __builtin_prefetch(next_slot, 1);
   warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
