@@ -1331,7 +1331,8 @@ class Report:
                  f"{self.args.near_factor}x of the best and at most {fmt(self.args.near_max_ns)} ns "
                  f"(`--near-max-ns`), else *far*.")
         L.append("")
-        if place and not any(lab == "near" for _b, _a, lab in place.values()):
+        no_near = bool(place) and not any(lab == "near" for _b, _a, lab in place.values())
+        if no_near:
             L.append(f"**No near round in this run:** every round had a probe above "
                      f"{fmt(self.args.near_max_ns)} ns (or more than {self.args.near_factor}x the run's best), "
                      f"so the vCPUs sat far apart throughout. Targets that are judged on near rounds cannot be "
@@ -1340,7 +1341,7 @@ class Report:
         hist = self.meta_history
         if best and hist and hist.get("best_halfrtt_ns"):
             hb = hist["best_halfrtt_ns"]
-            if not any(lab == "near" for _b, _a, lab in place.values()):
+            if no_near:
                 L.append(f"Best probe this machine has shown: {fmt(hb)} ns ({hist.get('date', '?')}).")
             elif best > self.args.near_factor * hb:
                 L.append(f"**The whole run had far placement:** its best probe is {best / hb:.1f}x the best this "

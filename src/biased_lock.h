@@ -19,8 +19,8 @@
 // - Every other thread takes flag_, a SpinLock. Holding it, a thread that
 //   finds the lock biased to another revokes the bias for good: it stores
 //   kShared into bias_, calls membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED),
-//   which puts a full memory barrier into every running thread of the process, and waits until
-//   owner_held_ is clear. After the barrier, either the owner's store of
+//   which puts a full memory barrier into every running thread of the
+//   process, and waits until owner_held_ is clear. After the barrier, either the owner's store of
 //   owner_held_ is visible (it holds or is about to back off: we wait for
 //   its unlock), or its later load of bias_ sees kShared and it backs off
 //   (clears owner_held_, takes flag_ like everyone else from then on).

@@ -83,6 +83,14 @@ inline void sent_op(CounterSink& k, Qp* qp, uint32_t op, uint64_t len, uint16_t 
 // progress: WQE s of qp executed successfully (Exec::kDone).
 inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept { sent_op(k, qp, s->opcode, s->length, s->av.dlid); }
 
+// The two groups sent_rc keeps (QpCounting::fast_local / fast_remote), when
+// they are set and still the ones group() would return (the destination
+// device has not changed since): nullptr otherwise.
+inline std::atomic<uint64_t>* fast_groups(const Qp* qp) noexcept {
+  const QpCounting& q = qp->cnt;
+  return q.fast_local && qp->peer_dev == q.rdev ? q.fast_local : nullptr;
+}
+
 // post_send's fast path (execute_fast): an RC/UC WRITE, WRITE_WITH_IMM,
 // SEND or SEND_WITH_IMM of len bytes executed; what sent() counts for them.
 // sent_rc_slow (counters.cc) counts as sent_op and keeps the two groups in
@@ -90,8 +98,8 @@ inline void sent(CounterSink& k, Qp* qp, const SendSlot* s) noexcept { sent_op(k
 void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
 inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   const QpCounting& q = qp->cnt;
-  std::atomic<uint64_t>* l = q.fast_local;
-  if (!l || qp->peer_dev != q.rdev) [[unlikely]]
+  std::atomic<uint64_t>* l = fast_groups(qp);
+  if (!l) [[unlikely]]
     return sent_rc_slow(k, qp, op, len);
   std::atomic<uint64_t>* r = q.fast_remote;
   const uint64_t pkts = ((len - (len != 0)) >> q.mtu_shift) + 1;  // at least 1
@@ -108,8 +116,8 @@ inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept 
 // sent_rc keeps (sent_rc_slow counts as sent_op and keeps them).
 inline void sent_rc_in(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   const QpCounting& q = qp->cnt;
-  std::atomic<uint64_t>* l = q.fast_local;
-  if (!l || qp->peer_dev != q.rdev) [[unlikely]]
+  std::atomic<uint64_t>* l = fast_groups(qp);
+  if (!l) [[unlikely]]
     return sent_rc_slow(k, qp, op, len);
   std::atomic<uint64_t>* r = q.fast_remote;
   const bool read = op == IBV_WR_RDMA_READ;
@@ -129,8 +137,7 @@ inline void sent_rc_in(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexce
 // UD: t's own port (untrusted, checked by group()); the others the path's.
 inline void recv_done(CounterSink& k, Qp* qp, const layout::QpEntry* t, const HomeDevice* dev) noexcept {
   QpCounting& q = qp->cnt;
-  if (q.fast_local && qp->peer_dev == q.rdev) [[likely]] {
-    // sent_rc's groups (RC/UC, set only while they are group()'s answer).
+  if (fast_groups(qp)) [[likely]] {  // RC/UC: sent_rc's groups
     bump(q.fast_remote[layout::kCntRdmaRecvs], 1);
     return;
   }

@@ -547,12 +547,14 @@ class Ring {
   // slot back with release_sc, which also stores consumer_pos (for advisory
   // readers and recovery; it is never read back on this path).
   RingSlotHeader* slot_header(uint32_t pos) const noexcept { return header(pos); }
-  // header(pos + 1) from h == header(pos), without the multiplication: still
-  // inside the slot array, since the next slot is h + stride unless pos + 1
-  // wraps to slot 0.
+  // The header of the slot a handle names (its payload follows the header:
+  // handle()), without the multiplication.
   static RingSlotHeader* slot_header_of(RingHandle h) noexcept {
     return reinterpret_cast<RingSlotHeader*>(h.payload - kRingSlotHeaderBytes);
   }
+  // header(pos + 1) from h == header(pos), without the multiplication: still
+  // inside the slot array, since the next slot is h + stride unless pos + 1
+  // wraps to slot 0.
   RingSlotHeader* next_header(RingSlotHeader* h, uint32_t pos) const noexcept {
     return ((pos + 1) & mask_) != 0 ? reinterpret_cast<RingSlotHeader*>(reinterpret_cast<std::byte*>(h) + stride_)
                                     : reinterpret_cast<RingSlotHeader*>(slots_);
@@ -583,8 +585,6 @@ class Ring {
     assert(attached());
     assert(h.payload == handle(h.pos).payload);
     uint32_t expect = h.pos + 1;
-    // The slot's header sits right before the payload the handle names
-    // (handle()), so its address needs no multiplication.
     // R2 on success (release); acquire so a failed caller sees why.
     return slot_header_of(h)->seq.compare_exchange_strong(expect, h.pos + capacity_, std::memory_order_acq_rel,
                                                           std::memory_order_acquire);
