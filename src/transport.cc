@@ -103,7 +103,9 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
                (sn.kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
     }
     if (!stable) return false;
-    if (sn.kind == layout::kKindMr) {
+    // Only a key the MR answers to is cached: remote_hit, which compares
+    // the key alone, would take any other for it.
+    if (sn.kind == layout::kKindMr && sn.key == key) {
       rc.entry = e;
       rc.key = key;
       rc.rkey = rkey;
