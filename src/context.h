@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@
 #include "local_cq.h"
 #include "ring.h"
 #include "segment.h"
+#include "biased_lock.h"
 
 namespace shmrdma {
 
@@ -118,6 +120,14 @@ static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, wr_id) == offsetof(layout
               offsetof(layout::Cqe, take_tag) == 47 && sizeof(ibv_wc_status) == 4 && sizeof(ibv_wc_opcode) == 4,
               "an ibv_wc is a Cqe's first 46 bytes, field for field");
 
+// A receive WQE as a staged receive takes it (transport_staged.cc): its
+// ring position, wr_id and SGEs.
+struct StashedWqe {
+  uint32_t pos = 0, num_sge = 0;
+  uint64_t wr_id = 0;
+  layout::WireSge sge[limits::kMaxSge];
+};
+
 class LocalContext {
  public:
   // Default size of the heap that holds a context's rings. The file is
@@ -188,7 +198,7 @@ class LocalContext {
     uint32_t p = *pos;
     RingSlotHeader* h = *slot;
     int got = 0;
-    do {
+    while (got < n) {
       if (!Ring::published_for(h, p)) {
         if (got == 0) [[unlikely]] {
           // ibv_poll_cq comes here empty once in 1024 polls and looks each
@@ -199,10 +209,14 @@ class LocalContext {
         }
         break;
       }
-      take_cqe(ring, h, p, &wc[got], ts);
+      // (A staged CQE may give nothing to hand out: the loop goes on.)
+      int took = take_cqe(ring, h, p, &wc[got], ts);
+      if (!took) [[unlikely]]
+        took = take_staged(ring, h, p, &wc[got], ts);
+      got += took;
       h = ring.next_header(h, p);
       ++p;
-    } while (++got < n);
+    }
     *pos = p;
     *slot = h;
     return got;
@@ -211,7 +225,10 @@ class LocalContext {
   // converts its CQE into *w (cqe_to_wc: every shared byte read once; *ts
   // its timestamp), notes a receive completion's take tag, and gives the
   // slot back (Ring::release_sc). The single consumer's, like poll_cq_wc.
-  [[gnu::always_inline]] void take_cqe(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
+  // A staged CQE (layout.h StagedCqe, told by its status) is left as it is
+  // (false): take_staged takes it, out of line, so that the common path
+  // makes no call.
+  [[gnu::always_inline]] bool take_cqe(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
                                        uint64_t* ts = nullptr) noexcept {
     const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
     cqe_to_wc(payload, w);
@@ -221,8 +238,11 @@ class LocalContext {
     // a number: it is no valid enum value yet).
     uint32_t status;
     std::memcpy(&status, &w->status, sizeof status);
-    if (status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]]
+    static_assert(layout::kStagedStatus > IBV_WC_TM_RNDV_INCOMPLETE);
+    if (status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]] {
+      if (status == layout::kStagedStatus) return false;
       w->status = IBV_WC_GENERAL_ERR;
+    }
     // Before the release: flush_qp reads the ring, then this (see
     // recv_completion_delivered). From the private copy just written.
     if ((w->opcode & IBV_WC_RECV) && w->status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
@@ -231,6 +251,23 @@ class LocalContext {
       if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
     }
     ring.release_sc(h, p);
+    return true;
+  }
+  // The staged CQE that take_cqe left at position p's slot h: finished into
+  // *w (finish_staged), and the slot given back. 1, or 0 when it gives
+  // nothing to hand out.
+  [[gnu::noinline]] int take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
+                                    uint64_t* ts) noexcept {
+    const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
+    // An inline one's timestamp bytes are data (it never goes into a CQ
+    // with timestamps); an in-place one keeps its stamp (take_cqe read it).
+    static_assert(offsetof(layout::StagedCqe, kind) == kWcTakeTag);
+    if (ts && __atomic_load_n(reinterpret_cast<const uint8_t*>(payload) + kWcTakeTag, __ATOMIC_RELAXED) !=
+                  layout::kStagedInPlace)
+      *ts = 0;
+    const bool took = finish_staged(payload, w);
+    ring.release_sc(h, p);
+    return took ? 1 : 0;
   }
   // One CQE from its ring slot (untrusted: every byte is read once, in
   // three 16-byte loads) into an ibv_wc, whose first 46 bytes have the
@@ -609,7 +646,31 @@ class LocalContext {
     const uint32_t i = layout::key_index(lkey);
     return i < mrs_.size() && (mrs_[i].access & kAccessOnDemand);
   }
-  enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone };
+  // kNotStaged: deliver_staged did nothing; deliver takes the message.
+  enum class Deliver { kDone, kNoReceive, kBusy, kResponderError, kGone, kNotStaged };
+  // transport_staged.cc: a SEND of len bytes (`local`) to RC/UC QP t
+  // without an SRQ, promised the receive WQE at t's next position: its
+  // bytes go in the receive completion or into the WQE's buffers, and the
+  // receiver takes the WQE when it polls (finish_staged). cqe: the receive
+  // completion's fields but status, wr_id and byte_len. kDone, kNoReceive
+  // (no WQE for it: an RNR, or a UC drop) or kNotStaged (deliver takes it,
+  // and reports what failed).
+  Deliver deliver_staged(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t opcode, uint64_t len, const IoVec* local,
+                         uint32_t nlocal, const layout::Cqe& cqe, bool rnr_wait) noexcept;
+  Deliver push_staged(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq, layout::CqEntry* ce,
+                      const layout::StagedCqe& sc, uint32_t v) noexcept;
+  bool stage_in_place(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq, const RingHandle& h, uint64_t len,
+                      const IoVec* local, uint32_t nlocal) noexcept;
+  // Whether messages of this opcode to t are staged.
+  bool may_stage(uint32_t opcode, const layout::QpEntry* t) const noexcept {
+    return staged_send_ &&
+           (opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE_WITH_IMM) &&
+           t->srq_index == layout::kNoIndex;
+  }
+  // The owner, before a flush or reset of its QP drains the receive queue:
+  // the WQEs promised to staged completions still in the CQ are kept aside
+  // (StagedRx::stash) for those completions, which then complete as usual.
+  void stash_staged(Qp* qp) noexcept;
   // Where a delivered message's receive WQE comes from, when it is not t's
   // own RQ or SRQ: an XRC SRQ in `peer`'s segment, whose PD checks the
   // receive buffers and whose CQ gets the completion.
@@ -726,6 +787,26 @@ class LocalContext {
   // wrote that poll_cq handed out (flush_qp: was a dead initiator's
   // completion delivered?).
   std::unique_ptr<std::atomic<uint8_t>[]> last_recv_tag_;
+  // Staged receives (layout.h StagedCqe) of our RC and UC QPs without an
+  // SRQ, per QP index, for the context's whole life: the poll that finishes
+  // one (finish_staged) reads this, never the Qp, which another thread may
+  // be destroying. `lock` orders that poll with stash_staged and with create
+  // and destroy; nothing is locked under it.
+  struct StagedRx {
+    // The polling thread takes it without a locked instruction (biased_lock.h):
+    // a locked instruction would wait for the stores before it, among them the
+    // previous staged receive's release of a slot the initiator had read.
+    BiasedLock lock;
+    bool live = false;  // an RC or UC QP without an SRQ lives at this index
+    uint32_t qpn = 0, pd = 0;
+    Ring rq;  // its receive queue
+    std::deque<StashedWqe> stash;  // WQEs stash_staged took, in ring order
+  };
+  std::unique_ptr<StagedRx[]> staged_rx_;
+  bool staged_send_ = true;  // SHMRDMA_STAGED_SEND=0: this context's sends never stage
+  // cq.cc take_cqe: a staged CQE (payload, untrusted) into *w; false when
+  // there is nothing to hand out (not ours any more, or bogus).
+  bool finish_staged(const std::byte* payload, ibv_wc* w) noexcept;
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends

@@ -102,7 +102,7 @@ bool wait_producers(layout::CqEntry* e) {
 
 bool qualifies(uint32_t mode, const layout::Cqe& c) {
   if (mode == layout::kNotifyNext) return true;
-  return mode == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || c.status != kWcSuccess);
+  return mode == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || layout::error_cqe(c));
 }
 
 // P4. Returns the mode this producer took (kNotifyNone: nothing to fire).

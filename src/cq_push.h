@@ -39,7 +39,7 @@ enum class Fast { kFallback, kPushed, kArmed };
   if (m == layout::kNotifyNone) [[likely]]
     return false;
   return m == layout::kNotifyNext ||
-         (m == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || c.status != 0));
+         (m == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || layout::error_cqe(c)));
 }
 
 // P1-P4 of the producer protocol (cq.cc), unchanged, for a push into CQ entry

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 14;
+inline constexpr uint32_t kLayoutVersion = 15;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -500,14 +500,19 @@ struct QpEntry {
   std::atomic<uint32_t> rx_holder_slot;
   std::atomic<uint32_t> rx_holder_generation;
   std::atomic<uint64_t> rx_take_wr_id;
-  // XRC. xrcd_dev/xrcd_ino: the XRC domain of an XRC_RECV QP (see kXrcdPrivateDev).
   // rx_take_srqn: the XRC SRQ the receive in rx_take was taken from (written
   // by the holder before it moves the record to taken), so its completion or
   // flush goes to that SRQ's CQ.
-  uint64_t xrcd_dev;
-  uint64_t xrcd_ino;
   std::atomic<uint32_t> rx_take_srqn;
   std::atomic<uint32_t> rx_take_pos;
+  // Staged receives (transport_staged.cc; RC and UC QPs without an SRQ): the
+  // receive queue position after the last one promised to a message by its
+  // receive completion (StagedCqe). Positions before it are the receiver's
+  // to take when it polls that completion; an initiator takes a WQE itself
+  // only at this position. Written under the take record by its holder,
+  // read by the owner when it flushes or resets.
+  std::atomic<uint32_t> rx_staged_next;
+  uint32_t reserved_line1[3];
   // Third cache line. Set by an initiator whose sends to this QP wait for a
   // receive (RNR); the owner's post_recv reads it after every post and wakes
   // the initiator. Apart from the receive record, which initiators write on
@@ -519,13 +524,18 @@ struct QpEntry {
   // entry in full after reading version v (acquire) may skip those checks
   // while it still reads v (transport_post.cc execute_fast). Never reset.
   std::atomic<uint32_t> version;
-  uint32_t reserved_line2[14];
+  uint32_t reserved_line2a[2];
+  // XRC: the XRC domain of an XRC_RECV QP (see kXrcdPrivateDev).
+  uint64_t xrcd_dev;
+  uint64_t xrcd_ino;
+  uint32_t reserved_line2[8];
 };
 static_assert(sizeof(QpEntry) == 192);
 static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiator_waiting) == 128);
 static_assert(offsetof(QpEntry, version) / kCacheLine == 2,
               "apart from the take record: a WRITE's check reads a line only RNR waits write");
-static_assert(offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_pos) / kCacheLine,
+static_assert(offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_pos) / kCacheLine &&
+                  offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_staged_next) / kCacheLine,
               "the take record is one cache line: the holder's announcements cost no extra line transfer");
 // The owner's bump of QpEntry::version (after the change it publishes).
 inline void bump_version(QpEntry* e) noexcept { e->version.fetch_add(1, std::memory_order_release); }
@@ -694,5 +704,52 @@ static_assert(sizeof(Cqe) == 56, "with the 8-byte slot header a CQE still fills 
 // it wakes a CQ armed with solicited_only.
 enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0 };
 static_assert(std::is_trivially_copyable_v<Cqe>);
+
+// A staged receive (transport_staged.cc): a SEND into an RC or UC QP without
+// an SRQ whose initiator does not take the receive WQE. It promises the
+// message the WQE at ring position `pos` of QP qp_num's receive queue and
+// pushes this CQE; the receiver takes that WQE when it polls the CQE
+// (finish_staged) and hands out an ordinary receive completion. The bytes
+// of a small message travel in the CQE (kStagedInline: the receiver copies
+// them into its buffers); a larger one's the initiator moved into the WQE's
+// buffers before it pushed the CQE (kStagedInPlace). Same size and slot as
+// a Cqe; `status` (kStagedStatus, no ibv_wc_status) tells them apart, so the
+// poll's common path pays nothing for it. Inline bytes fill the fields a
+// staged CQE does not need: opcode and vendor_err, and the timestamp (an
+// inline one never goes into a CQ with timestamps; an in-place one keeps it).
+inline constexpr uint32_t kStagedStatus = 0x53544745;
+inline constexpr uint32_t kStagedMaxData = 20;
+// kStagedWriteImm: the receive of an RDMA_WRITE_WITH_IMM (its bytes went
+// where the rkey named; the WQE's buffers are not used).
+enum StagedKind : uint8_t { kStagedInline = 1, kStagedInPlace = 2, kStagedWriteImm = 3 };
+struct StagedCqe {
+  uint32_t pos;         // Cqe::wr_id: the receive queue position promised
+  uint8_t data0[4];     // data bytes 0-3
+  uint32_t status;      // kStagedStatus
+  uint8_t data1[8];     // Cqe::opcode, vendor_err: data bytes 4-11
+  uint32_t byte_len;    // the message length (inline: at most kStagedMaxData)
+  uint32_t imm_data;    // as Cqe
+  uint32_t qp_num;      // the receiving QP
+  uint32_t src_qp;      // the sender's QP
+  uint32_t wc_flags;    // as Cqe
+  uint16_t pkey_index;  // as Cqe
+  uint16_t slid;
+  uint8_t sl;
+  uint8_t dlid_path_bits;
+  uint8_t flags;
+  uint8_t kind;         // Cqe::take_tag: StagedKind
+  uint8_t data2[8];     // Cqe::timestamp: data bytes 12-19
+};
+static_assert(sizeof(StagedCqe) == sizeof(Cqe) && offsetof(StagedCqe, status) == offsetof(Cqe, status) &&
+              offsetof(StagedCqe, byte_len) == offsetof(Cqe, byte_len) &&
+              offsetof(StagedCqe, qp_num) == offsetof(Cqe, qp_num) &&
+              offsetof(StagedCqe, slid) == offsetof(Cqe, slid) && offsetof(StagedCqe, flags) == offsetof(Cqe, flags) &&
+              offsetof(StagedCqe, kind) == offsetof(Cqe, take_tag) &&
+              offsetof(StagedCqe, data2) == offsetof(Cqe, timestamp) &&
+              sizeof(StagedCqe::data0) + sizeof(StagedCqe::data1) + sizeof(StagedCqe::data2) == kStagedMaxData);
+static_assert(std::is_trivially_copyable_v<StagedCqe>);
+// Whether c is an error completion (a staged one is not: it completes
+// successfully unless the receiver finds its buffers gone).
+inline bool error_cqe(const Cqe& c) noexcept { return c.status != 0 && c.status != kStagedStatus; }
 
 }  // namespace shmrdma::layout

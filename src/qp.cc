@@ -115,6 +115,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->xrcd_ino = xrc_recv ? xrcds_[a.xrcd].ino : 0;
   e->rx_take_srqn.store(0, std::memory_order_relaxed);
   e->rx_take_pos.store(0, std::memory_order_relaxed);
+  e->rx_staged_next.store(0, std::memory_order_relaxed);  // the new ring's first position
   e->state.store(layout::kLive, std::memory_order_release);  // R1
   qp->index = i;
   qp->qpn = qpn;
@@ -147,6 +148,16 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
       l->producers.push_back(qp.get());
       own_producers_changed(l);
     }
+  if ((a.qp_type == IBV_QPT_RC || a.qp_type == IBV_QPT_UC) && !has_srq) {
+    // Its staged receives (transport_staged.cc) from now on.
+    StagedRx& sr = staged_rx_[i];
+    std::lock_guard g(sr.lock);
+    sr.live = true;
+    sr.qpn = qpn;
+    sr.pd = pd;
+    sr.rq = rq;
+    sr.stash.clear();
+  }
   qps_[i] = std::move(qp);
   return 0;
 }
@@ -229,6 +240,15 @@ int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
   qp->shared->qp_state.store(IBV_QPS_RESET, std::memory_order_release);
   qp->shared->state.store(layout::kFree, std::memory_order_release);
   layout::bump_version(qp->shared);  // and so its reuse: initiators that cached it check again
+  {
+    // Before its ring goes: a poll that finishes a staged CQE of this QP
+    // no longer finds it (the CQE gives nothing, as for a QP that is gone).
+    StagedRx& sr = staged_rx_[qp->index];
+    std::lock_guard g(sr.lock);
+    sr.live = false;
+    sr.rq = Ring{};
+    std::deque<StashedWqe>().swap(sr.stash);
+  }
   if (qp->rq_bytes) heap_free(qp->rq_off, qp->rq_bytes);
   if (qp->pd < pds_.size() && pds_[qp->pd].refs) pds_[qp->pd].refs -= 1;
   if (qp->send_cq < cqs_.size() && cqs_[qp->send_cq].refs) cqs_[qp->send_cq].refs -= 1;

@@ -278,7 +278,12 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     std::lock_guard sq(qp->sq_lock);
     if (qp->sq_pending.exchange(0, std::memory_order_relaxed)) qps_pending_.fetch_sub(1, std::memory_order_relaxed);
     qp->sq_retire = qp->sq_exec = qp->sq_tail = 0;
-    if (qp->rq.attached()) drain_recv_ring(qp->rq, [](uint64_t) {});
+    // Staged completions already in the CQ still complete (stash_staged).
+    stash_staged(qp);
+    if (qp->rq.attached()) {
+      std::lock_guard g(staged_rx_[qp->index].lock);  // with finish_staged's claims (transport_staged.cc)
+      drain_recv_ring(qp->rq, [](uint64_t) {});
+    }
     // A receive an initiator still holds is discarded too: its completion
     // finds the take ended. A slot a dead initiator left claimed goes back
     // to the ring first (else the ring would stall there a lap later).

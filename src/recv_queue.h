@@ -74,7 +74,9 @@ inline bool take_reserve(layout::QpEntry* t, uint32_t slot, uint32_t generation,
   uint32_t cur = t->rx_take.load(std::memory_order_acquire);
   *v = cur;
   if ((cur & layout::kTakeMask) != layout::kTakeIdle) return false;
-  if (!t->rx_take.compare_exchange_strong(cur, cur | layout::kTakeReserved, std::memory_order_acq_rel)) {
+  // seq_cst: a staging holder then reads the QP's state, Dekker with the
+  // owner's flush (transport_staged.cc stash_staged); lock cmpxchg either way.
+  if (!t->rx_take.compare_exchange_strong(cur, cur | layout::kTakeReserved, std::memory_order_seq_cst)) {
     *v = cur;
     return false;
   }

@@ -499,6 +499,43 @@ class Ring {
     return claim(announce, std::memory_order_release);
   }
 
+  // Claims exactly position pos (MPMC-safe): only when the consumer
+  // position is pos and its slot is published for pos, so a stash of staged
+  // receives (transport_staged.cc) takes exactly the WQEs promised. Release
+  // the handle with release_cas (the ring's WQEs may be adopted).
+  RingResult try_claim_at(uint32_t pos) noexcept {
+    assert(attached());
+    RingSlotHeader* h = header(pos);
+    if (h->seq.load(std::memory_order_acquire) != pos + 1) return {RingStatus::empty, {}};  // A1 pairs with R1
+    uint32_t expect = pos;
+    if (!shared_->consumer_pos.compare_exchange_strong(expect, pos + 1, std::memory_order_release,
+                                                       std::memory_order_relaxed))
+      return {RingStatus::contended, {}};
+    return {RingStatus::ok, handle(pos)};
+  }
+
+  // try_claim_at for a consumer that no other consumer of positions up to
+  // pos races with (their claims of later positions are CASes that read
+  // what this stores): a plain store of the consumer position.
+  RingResult try_claim_at_sc(uint32_t pos) noexcept {
+    assert(attached());
+    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1 ||  // A1 pairs with R1
+        shared_->consumer_pos.load(std::memory_order_relaxed) != pos)
+      return {RingStatus::empty, {}};
+    shared_->consumer_pos.store(pos + 1, std::memory_order_release);
+    return {RingStatus::ok, handle(pos)};
+  }
+
+  // Whether position pos's slot is published for pos (full, or claimed and
+  // not yet released), with its handle: the payload may be read (untrusted)
+  // without claiming it. Advisory.
+  bool published_at(uint32_t pos, RingHandle* h) const noexcept {
+    assert(attached());
+    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1) return false;  // A1 pairs with R1
+    *h = handle(pos);
+    return true;
+  }
+
   // Whether position pos is claimed and not released: its slot's seq is
   // pos + 1 (published for pos) and the consumer position is past pos (a
   // consumer took it). On true *h is its handle: the payload may be read

@@ -508,8 +508,15 @@ LocalContext::Exec LocalContext::execute(Qp* qp, SendSlot* s, uint32_t* status) 
     cqe.imm_data = s->imm_data;
     cqe.wc_flags = IBV_WC_WITH_IMM;
   }
-  switch (deliver(qp, peer, t, s->opcode, s->length, local, nlocal, nullptr, !uc, cqe, status, xrc ? &xsrc : nullptr)) {
-    case Deliver::kDone: break;
+  // A SEND into a QP without an SRQ is promised the receiver's next WQE
+  // (transport_staged.cc).
+  Deliver d = Deliver::kNotStaged;
+  if (!xrc && may_stage(s->opcode, t)) d = deliver_staged(qp, peer, t, s->opcode, s->length, local, nlocal, cqe, !uc);
+  if (d == Deliver::kNotStaged)
+    d = deliver(qp, peer, t, s->opcode, s->length, local, nlocal, nullptr, !uc, cqe, status, xrc ? &xsrc : nullptr);
+  switch (d) {
+    case Deliver::kDone:
+    case Deliver::kNotStaged: break;
     case Deliver::kBusy: return Exec::kWait;
     case Deliver::kResponderError:
     case Deliver::kGone: return fail(*status);

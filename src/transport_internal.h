@@ -8,6 +8,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 
@@ -51,6 +52,40 @@ inline uint32_t wc_opcode(uint32_t wr_opcode) {
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     default: return IBV_WC_SEND;
   }
+}
+
+// Peer::ring with a cache, its miss out of line: the view is validated into
+// the cache, which then holds it (as Peer::ring does).
+[[gnu::noinline]] inline Ring* rq_ring_miss(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
+                                     uint32_t stride, RingCache* cache) noexcept {
+  Ring fresh;
+  if (!peer.ring(offset, bytes, capacity, stride, &fresh)) return nullptr;
+  *cache = RingCache{peer.stamp, offset, capacity, stride, fresh};
+  return &cache->ring;
+}
+
+[[gnu::always_inline]] inline Ring* rq_ring(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
+                                            uint32_t stride, RingCache* cache) noexcept {
+  if (cache->stamp == peer.stamp && cache->offset == offset && cache->capacity == capacity &&
+      cache->stride == stride) [[likely]]
+    return &cache->ring;
+  return rq_ring_miss(peer, offset, bytes, capacity, stride, cache);
+}
+
+// The RNR back-off (deliver): the last attempt found no receive (an RNR
+// NAK). Hardware retries after the responder's RNR timer; we go on as soon
+// as a batch of receives is posted, or after at most kRnrBackoffNs.
+// Retrying on every single receive instead keeps sender and receiver in
+// lock step, each message paying a round trip between cores. Looked at
+// before the receive record is reserved: a backing-off sender writes
+// nothing of the target's (a record a dead holder left is looked at once
+// the back-off ends, at most kRnrBackoffNs later). True while it lasts.
+inline bool rnr_backing_off(Qp* qp, const Ring& rq) noexcept {
+  if (!qp->rnr_backoff) return false;
+  const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
+  if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) return true;
+  qp->rnr_backoff = false;
+  return false;
 }
 
 inline bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }

@@ -221,12 +221,16 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   }
   Exec r = uc ? Exec::kDone : Exec::kError;
   *status = IBV_WC_SUCCESS;  // deliver sets it when it fails the WQE (kError)
-  switch (deliver(qp, peer, t, op, len, local, nlocal, nullptr, !uc, cqe, status)) {
+  Deliver d = Deliver::kNotStaged;
+  if (may_stage(op, t)) d = deliver_staged(qp, peer, t, op, len, local, nlocal, cqe, !uc);
+  if (d == Deliver::kNotStaged) d = deliver(qp, peer, t, op, len, local, nlocal, nullptr, !uc, cqe, status);
+  switch (d) {
     case Deliver::kDone: r = Exec::kDone; break;
     case Deliver::kNoReceive: r = uc ? Exec::kDone : Exec::kNotHandled; break;  // UC drops; RC: the RNR wait
     case Deliver::kBusy: r = Exec::kNotHandled; break;
     case Deliver::kResponderError:
-    case Deliver::kGone: break;
+    case Deliver::kGone:
+    case Deliver::kNotStaged: break;
   }
   if (r == Exec::kDone) count::sent_rc(cnt_, qp, op, len);  // counters: packets and bytes
   return r;
@@ -504,6 +508,9 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
   // moving the data into a QP that has now failed) is the oldest: it goes
   // first, then the ones still queued. An XRC_RECV QP's receives come from
   // XRC SRQs: a taken one completes in the CQ of the SRQ it was taken from.
+  // WQEs promised to staged completions still in the CQ complete with them
+  // (the messages arrived before the error), so they are kept out of the flush.
+  stash_staged(qp);
   uint64_t taken_wr_id = 0;
   uint32_t taken_srqn = 0;
   if (reclaim_take(qp, &taken_wr_id, &taken_srqn)) {
@@ -513,11 +520,13 @@ void LocalContext::flush_qp(Qp* qp) noexcept {
     else
       flush_own_recv(qp, c);
   }
-  if (qp->rq.attached())
+  if (qp->rq.attached()) {
+    std::lock_guard g(staged_rx_[qp->index].lock);  // with finish_staged's claims (transport_staged.cc)
     drain_recv_ring(qp->rq, [&](uint64_t wr_id) {
       const layout::Cqe c = recv_status_cqe(wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn);
       flush_own_recv(qp, c);
     });
+  }
   const bool first_flush = !qp->rq_flushed;
   qp->rq_flushed = true;
   // A QP on an SRQ reports that no more receives will complete on it

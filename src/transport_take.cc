@@ -47,7 +47,8 @@ bool LocalContext::recv_completion_delivered(Qp* qp, uint8_t tag) noexcept {
     cqs_[qp->recv_cq].info.ring.for_each_published([&](const std::byte* payload) {
       layout::Cqe c;
       std::memcpy(&c, payload, sizeof c);
-      if (c.qp_num == qp->qpn && (c.opcode & IBV_WC_RECV) && c.take_tag == tag && c.status != IBV_WC_WR_FLUSH_ERR)
+      if (c.qp_num == qp->qpn && c.status != layout::kStagedStatus && (c.opcode & IBV_WC_RECV) && c.take_tag == tag &&
+          c.status != IBV_WC_WR_FLUSH_ERR)
         found = true;
     });
     if (found) return true;
@@ -249,27 +250,6 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
   return true;
 }
 
-namespace {
-
-// Peer::ring with a cache, its miss out of line: the view is validated into
-// the cache, which then holds it (as Peer::ring does).
-[[gnu::noinline]] Ring* rq_ring_miss(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
-                                     uint32_t stride, RingCache* cache) noexcept {
-  Ring fresh;
-  if (!peer.ring(offset, bytes, capacity, stride, &fresh)) return nullptr;
-  *cache = RingCache{peer.stamp, offset, capacity, stride, fresh};
-  return &cache->ring;
-}
-
-[[gnu::always_inline]] inline Ring* rq_ring(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
-                                            uint32_t stride, RingCache* cache) noexcept {
-  if (cache->stamp == peer.stamp && cache->offset == offset && cache->capacity == capacity &&
-      cache->stride == stride) [[likely]]
-    return &cache->ring;
-  return rq_ring_miss(peer, offset, bytes, capacity, stride, cache);
-}
-
-}  // namespace
 
 // Delivers a message that consumes one of target QP t's receive WQEs (SEND,
 // SEND_WITH_IMM, RDMA_WRITE_WITH_IMM; a UD SEND is preceded by its 40-byte
@@ -309,19 +289,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kGone;
   }
   Ring& rq = *rqp;
-  if (rnr_wait && qp->rnr_backoff) {
-    // The last attempt found no receive (an RNR NAK). Hardware retries after
-    // the responder's RNR timer; we go on as soon as a batch of receives is
-    // posted, or after at most kRnrBackoffNs. Retrying on every single
-    // receive instead keeps sender and receiver in lock step, each message
-    // paying a round trip between cores. Looked at before the receive
-    // record is reserved: a backing-off sender writes nothing of the
-    // target's (a record a dead holder left is looked at once the back-off
-    // ends, at most kRnrBackoffNs later).
-    const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
-    if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) return Deliver::kNoReceive;
-    qp->rnr_backoff = false;
-  }
+  if (rnr_wait && rnr_backing_off(qp, rq)) return Deliver::kNoReceive;
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
   if (!take_reserve(t, holder_id(), generation_, &v)) {
@@ -334,6 +302,20 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     }
   }
   qp->busy_take_qpn = 0;
+  // Staged receives (transport_staged.cc): the positions before
+  // rx_staged_next are promised to completions the receiver has still to
+  // poll, so this message's WQE comes after them: it waits until the
+  // receiver took them. (A position behind the ring's is one a flush, a
+  // reset or a holder that died left: it no longer holds anything back.)
+  const bool staged_order = !xrc && srq_index == layout::kNoIndex && t->qp_type != IBV_QPT_UD;
+  if (staged_order && !adopted) {
+    const int32_t ahead =
+        static_cast<int32_t>(t->rx_staged_next.load(std::memory_order_relaxed) - rq.consumer_position());
+    if (ahead > 0 && static_cast<uint32_t>(ahead) <= rq.capacity()) {
+      take_end(t, v);
+      return Deliver::kBusy;
+    }
+  }
   // Names the ring of the positions we announce (published by the claim).
   if (xrc) t->rx_take_srqn.store(xrc->srqn, std::memory_order_relaxed);
   // payload_size() of an attached ring (stride >= Ring::kMinStride, so no wrap).
@@ -396,6 +378,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     take_end(t, taken);
     return Deliver::kBusy;
   }
+  if (staged_order) t->rx_staged_next.store(claimed.handle.pos + 1, std::memory_order_relaxed);
   // The next send to this queue reads the next slot and then releases it (a
   // store): fetch its line for writing now, and again from progress_all
   // while we poll, so neither waits for the line to cross cores on the

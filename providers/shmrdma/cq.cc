@@ -361,7 +361,8 @@ namespace {
   if (!Ring::published_for(h, pos)) [[unlikely]]
     return poll_rest(cq, core, num_entries, wc, 0);
   const Ring& ring = cq->info.ring;
-  core->take_cqe(ring, h, pos, wc);
+  if (!core->take_cqe(ring, h, pos, wc)) [[unlikely]]  // a staged CQE: the general path takes it
+    return poll_rest(cq, core, num_entries, wc, 0);
   core->note_taken(1);
   h = ring.next_header(h, pos);
   ++pos;

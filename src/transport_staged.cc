@@ -1,0 +1,389 @@
+// The shared-memory transport: staged receives. A SEND, SEND_WITH_IMM or
+// RDMA_WRITE_WITH_IMM of an RC or UC QP into a QP without an SRQ does not
+// take the target's receive WQE: the initiator promises the message the WQE
+// at the target's next position and pushes a receive completion saying so
+// (layout::StagedCqe). Up to layout::kStagedMaxData bytes travel in that
+// completion; larger messages are moved into the WQE's buffers first. The
+// receiver takes the WQE when it polls the completion (finish_staged),
+// copies the bytes of a small one into its buffers and hands out an
+// ordinary completion. The initiator writes the CQE's line of the target's
+// (and a large message's bytes), not the WQE's slot nor the take record's
+// claim and release; the receiver's application finds a small message's
+// bytes in its own cache.
+//
+// Positions. QpEntry::rx_staged_next is the position after the last one
+// promised. Only the holder of the target's take record promises (one at a
+// time: the position whose slot is published, so a WQE is there) and moves
+// it on, after the CQE is in; the general path (deliver) takes a WQE only
+// when no promise is outstanding (rx_staged_next is the ring's consumer
+// position) and moves it past the WQE it took. So the WQEs of one QP are
+// still taken in ring order and its receive completions come out in that
+// order: promised ones by their CQEs' order in the CQ, the others after them.
+//
+// Crashes. An initiator that dies while it stages has claimed nothing: its
+// CQE is in the CQ (the receiver finishes it) or it is not (nothing
+// happened; a reserved but unpublished CQ slot is skipped by the poll, cq.cc
+// skip_dead_push). One that dies after its CQE went in but before it moved
+// rx_staged_next on leaves that position unpromised: the receiver still
+// takes it with the CQE, and the next initiator finds rx_staged_next behind
+// the ring and catches up.
+//
+// Flush and reset. The owner's flush or reset drains its receive queue;
+// first stash_staged waits for a staging initiator to finish (the take
+// record reserved; Dekker: the initiator reserves the record, then reads the
+// QP's state, the owner stores the state, then reads the record) and takes
+// the promised WQEs out of the ring into StagedRx::stash, where their CQEs
+// find them. So a message the initiator already completed is received,
+// as on hardware, whose receive completion was written when the message
+// arrived, before the flush.
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "context.h"
+#include "count.h"
+#include "cq_push.h"
+#include "transport_internal.h"
+
+namespace shmrdma {
+
+using namespace transport;
+
+namespace {
+
+// The WQE at handle h (untrusted payload) as the poll or a stash keeps it:
+// at most max_sge SGEs.
+void read_wqe(const RingHandle& h, uint32_t max_sge, StashedWqe* w) noexcept {
+  layout::RecvWqeHeader hd;
+  std::memcpy(&hd, h.payload, sizeof hd);
+  w->pos = h.pos;
+  w->wr_id = hd.wr_id;
+  w->num_sge = std::min(hd.num_sge, max_sge);
+  std::memcpy(w->sge, h.payload + sizeof hd, size_t{w->num_sge} * sizeof(layout::WireSge));
+}
+
+// The SGEs a WQE of a receive ring of this stride holds.
+uint32_t ring_max_sge(const Ring& rq) noexcept {
+  static_assert(Ring::kMinStride >= kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader));
+  const uint32_t n = static_cast<uint32_t>((rq.stride() - kRingSlotHeaderBytes - sizeof(layout::RecvWqeHeader)) /
+                                           sizeof(layout::WireSge));
+  return std::min(n, limits::kMaxSge);
+}
+
+// Copies len (1 to kStagedMaxData) bytes without a call: two overlapping
+// moves (three from 17 bytes on), as move_out_small does.
+inline void copy_small(uint8_t* d, const uint8_t* s, uint32_t len) noexcept {
+  if (len >= 8) {
+    std::memcpy(d, s, 8);
+    if (len > 16) std::memcpy(d + 8, s + 8, 8);
+    std::memcpy(d + len - 8, s + len - 8, 8);
+  } else if (len >= 4) {
+    std::memcpy(d, s, 4);
+    std::memcpy(d + len - 4, s + len - 4, 4);
+  } else {
+    d[0] = s[0];
+    d[len / 2] = s[len / 2];
+    d[len - 1] = s[len - 1];
+  }
+}
+
+}  // namespace
+
+// deliver_staged's move of len bytes into the buffers of the WQE at h,
+// each checked as deliver checks them (resolve_remote: live MR of t's PD,
+// local write, in range): false when they do not hold it or the move fails
+// (deliver then does it all again and reports what fails).
+bool LocalContext::stage_in_place(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq, const RingHandle& h,
+                                  uint64_t len, const IoVec* local, uint32_t nlocal) noexcept {
+  layout::RecvWqeHeader hd;
+  std::memcpy(&hd, h.payload, sizeof hd);
+  const uint32_t rn = std::min(hd.num_sge, ring_max_sge(rq));
+  IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
+  uint32_t nremote = 0;
+  bool direct = !qp->local_odp;  // ODP memory on either side: CMA
+  uint64_t need = len;
+  for (uint32_t k = 0; k < rn && need; ++k) {
+    layout::WireSge g;
+    std::memcpy(&g, h.payload + sizeof hd + size_t{k} * sizeof g, sizeof g);
+    const uint64_t take = std::min<uint64_t>(g.length, need);
+    if (take == 0) continue;
+    Remote r;
+    if (!resolve_remote(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, take, &r)) return false;
+    direct_iov[nremote] = {r.local, take};
+    host_iov[nremote] = {reinterpret_cast<void*>(r.host), take};
+    ++nremote;
+    direct = direct && r.local;
+    need -= take;
+  }
+  if (need) return false;  // too short
+  if (len == 0) return true;
+  const IoVec* remote = direct ? direct_iov : host_iov;  // CMA needs the target's own addresses
+  return move_out(peer.pid, direct, local, nlocal, remote, nremote, false) == 0;
+}
+
+// deliver_staged's CQE sc into t's receive CQ ce, then the promise of
+// position sc.pos, and the take record (v) ends.
+[[gnu::always_inline]] inline LocalContext::Deliver LocalContext::push_staged(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq,
+                                                layout::CqEntry* ce, const layout::StagedCqe& sc, uint32_t v) noexcept {
+  const uint32_t sn = sc.pos;
+  layout::Cqe c;
+  std::memcpy(&c, &sc, sizeof c);
+  // push_peer_cqe with its common push inline (cq_push.h), as deliver's.
+  const cqpush::Fast f = cqpush::push_common(peer, ce, c, &qp->target_cq_cache);
+  const bool pushed =
+      f == cqpush::Fast::kPushed || push_peer_cqe_rest(peer, t->recv_cq, c, &qp->target_cq_cache, ce, static_cast<int>(f));
+  if (pushed) {
+    // The promise, once the CQE is in. (A CQE that could not go in - the CQ
+    // overran, which its owner learns from IBV_EVENT_CQ_ERR - leaves the
+    // WQE for the next message.)
+    t->rx_staged_next.store(sn + 1, std::memory_order_relaxed);
+    count::recv_done(cnt_, qp, t, peer.device);  // counters: rdma_recvs
+  }
+  take_done(t, v);
+  // The next message reads the next slot: fetch it now (for reading: the
+  // receiver writes it when it takes the WQE).
+  __builtin_prefetch(rq.slot_address(sn + 1), 0);
+  return Deliver::kDone;
+}
+
+LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t opcode, uint64_t len,
+                                                   const IoVec* local, uint32_t nlocal, const layout::Cqe& cqe,
+                                                   bool rnr_wait) noexcept {
+  Ring* rqp = rq_ring(peer, t->rq_ring_offset, t->rq_ring_bytes, t->rq_capacity, t->rq_stride, &qp->target_rq_cache);
+  layout::CqEntry* ce = peer.cq(t->recv_cq);
+  if (!rqp || !ce) [[unlikely]]
+    return Deliver::kNotStaged;  // deliver reports it
+  Ring& rq = *rqp;
+  if (rnr_wait && rnr_backing_off(qp, rq)) return Deliver::kNoReceive;  // before anything of the target's is written
+  uint32_t v = 0;
+  if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kNotStaged;  // deliver handles a busy record
+  // After the reservation (seq_cst): an owner's flush that began before it
+  // is seen here; one that begins after it waits for our take_done.
+  const uint32_t ts = t->qp_state.load(std::memory_order_seq_cst);
+  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR) [[unlikely]] {
+    take_end(t, v);
+    return Deliver::kNotStaged;  // deliver and execute tell what that means
+  }
+  // The WQE this message is promised: at rx_staged_next, published. A
+  // position behind the ring's (a flush, a reset, a holder that died before
+  // it moved it on) catches up first.
+  uint32_t sn = t->rx_staged_next.load(std::memory_order_relaxed);
+  RingHandle h{};
+  if (!rq.published_at(sn, &h)) {
+    const uint32_t head = rq.consumer_position();
+    const int32_t behind = static_cast<int32_t>(head - sn);
+    if (behind > 0) {
+      sn = head;
+      t->rx_staged_next.store(sn, std::memory_order_relaxed);
+    }
+    bool found = behind > 0 && rq.published_at(sn, &h);
+    if (!found && rnr_wait) {
+      // deliver's wake-up handshake with the receiver's post_recv.
+      if (!t->initiator_waiting.load(std::memory_order_relaxed))
+        t->initiator_waiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      found = rq.published_at(sn, &h);
+    }
+    if (!found) {
+      take_end(t, v);
+      if (rnr_wait) {
+        qp->rnr_backoff = true;
+        qp->rnr_backoff_since_ns = now_ns();
+      }
+      return Deliver::kNoReceive;
+    }
+  }
+  // The WQE's buffers must hold the message and be the receiver's to write,
+  // as deliver checks them: the initiator learns of a responder error as on
+  // the wire (deliver reports it, once the receiver took what was promised).
+  // The common case, one buffer that the QP's cache answers, inline here.
+  layout::StagedCqe sc;
+  std::memcpy(&sc, &cqe, sizeof sc);
+  sc.pos = sn;
+  sc.status = layout::kStagedStatus;
+  sc.byte_len = static_cast<uint32_t>(len);
+  if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+    // Its bytes went where the rkey named (execute): only the WQE is promised.
+    sc.kind = layout::kStagedWriteImm;
+    return push_staged(qp, peer, t, rq, ce, sc, v);
+  }
+  const bool inl = len <= layout::kStagedMaxData && nlocal <= 1 && !(ce->flags & layout::kCqTimestamp) &&
+                   !qp->local_odp;
+  layout::RecvWqeHeader hd;
+  layout::WireSge g;
+  std::memcpy(&hd, h.payload, sizeof hd);
+  std::memcpy(&g, h.payload + sizeof hd, sizeof g);
+  Remote r;
+  const bool one = len == 0 || (hd.num_sge != 0 && g.length >= len &&
+                                remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r));
+  if (inl && one) {
+    sc.kind = layout::kStagedInline;
+    uint8_t bytes[layout::kStagedMaxData] = {};
+    if (len) copy_small(bytes, static_cast<const uint8_t*>(local[0].base), static_cast<uint32_t>(len));
+    std::memcpy(sc.data0, bytes, sizeof sc.data0);
+    std::memcpy(sc.data1, bytes + 4, sizeof sc.data1);
+    std::memcpy(sc.data2, bytes + 12, sizeof sc.data2);
+  } else {
+    // The bytes go into the WQE's buffers now, before the CQE says so.
+    sc.kind = layout::kStagedInPlace;
+    if (!(one && r.local && !qp->local_odp && nlocal == 1 && move_out_small(r.local, local[0].base, len)) &&
+        !stage_in_place(qp, peer, t, rq, h, len, local, nlocal)) {
+      take_end(t, v);
+      return Deliver::kNotStaged;  // deliver moves it again and reports what fails
+    }
+  }
+  return push_staged(qp, peer, t, rq, ce, sc, v);
+}
+
+void LocalContext::stash_staged(Qp* qp) noexcept {
+  if ((qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) || qp->srq != layout::kNoIndex || !qp->rq.attached())
+    return;
+  layout::QpEntry* e = qp->shared;
+  // The state our caller stored, before the record is read (Dekker with
+  // deliver_staged). A staging initiator holds the record reserved for a
+  // few hundred instructions: wait for it (bounded; a dead one is done).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t start = now_ns();
+  for (unsigned i = 0;; ++i) {
+    const uint32_t v = e->rx_take.load(std::memory_order_seq_cst);
+    if ((v & layout::kTakeMask) != layout::kTakeReserved) break;
+    if ((i & 63) == 63) {
+      if (now_ns() - start > 10'000'000ull ||
+          context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
+                       e->rx_holder_generation.load(std::memory_order_relaxed)))
+        break;
+      sched_yield();
+    }
+  }
+  StagedRx& sr = staged_rx_[qp->index];
+  std::lock_guard g(sr.lock);
+  Ring rq = qp->rq;
+  const uint32_t sn = e->rx_staged_next.load(std::memory_order_acquire);
+  const uint32_t max_sge = ring_max_sge(rq);
+  for (uint32_t n = 0; n < 2 * rq.capacity(); ++n) {
+    const uint32_t head = rq.consumer_position();
+    const int32_t ahead = static_cast<int32_t>(sn - head);
+    if (ahead <= 0 || static_cast<uint32_t>(ahead) > rq.capacity()) break;
+    RingResult r = rq.try_claim_at(head);
+    if (!r) {
+      if (r.status == RingStatus::contended) continue;  // another consumer moved on: look again
+      break;
+    }
+    StashedWqe w;
+    read_wqe(r.handle, max_sge, &w);
+    if (!rq.release_cas(r.handle)) continue;  // adopted meanwhile: not ours
+    try {
+      sr.stash.push_back(w);
+    } catch (...) {
+      // No room to keep it: it completes as flushed instead.
+      flush_own_recv(qp, recv_status_cqe(w.wr_id, IBV_WC_WR_FLUSH_ERR, qp->qpn));
+    }
+  }
+}
+
+bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
+  layout::StagedCqe c;
+  std::memcpy(&c, payload, sizeof c);
+  const uint32_t qi = layout::qpn_index(c.qp_num);
+  if (qi >= layout_.qp_slots || c.kind < layout::kStagedInline || c.kind > layout::kStagedWriteImm) return false;
+  StagedRx& sr = staged_rx_[qi];
+  StashedWqe wqe;
+  uint32_t pd;
+  {
+    BiasingGuard g(sr.lock);
+    if (!sr.live || sr.qpn != (c.qp_num & limits::kQpnMask)) return false;  // its QP is gone
+    pd = sr.pd;
+    bool have = false;
+    while (!sr.stash.empty()) {
+      const int32_t d = static_cast<int32_t>(sr.stash.front().pos - c.pos);
+      if (d > 0) return false;  // before what the stash holds: not a promise we kept
+      if (d == 0) {
+        wqe = sr.stash.front();
+        sr.stash.pop_front();
+        have = true;
+        break;
+      }
+      // A promise whose CQE never reached us (it was lost, or bogus): the
+      // later ones go on.
+      sr.stash.pop_front();
+    }
+    if (!have) {
+      // Every other consumer of a promised position holds sr.lock (the
+      // flush's and the reset's drains too) or claims only past the
+      // promises (deliver): a plain claim.
+      RingResult r = sr.rq.try_claim_at_sc(c.pos);
+      if (!r) return false;  // taken by a flush or reset, or a bogus CQE
+      read_wqe(r.handle, ring_max_sge(sr.rq), &wqe);
+      // A promised position is never announced by a take record's holder,
+      // so nobody adopts it: a plain release (no locked instruction, so the
+      // line's transfer back from the initiator, who read it, does not stall
+      // us here).
+      sr.rq.release(r.handle);
+    }
+  }
+  if (c.kind == layout::kStagedWriteImm) {
+    w->wr_id = wqe.wr_id;
+    w->status = IBV_WC_SUCCESS;
+    w->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+    w->vendor_err = 0;
+    w->byte_len = c.byte_len;
+    return true;
+  }
+  if (c.kind == layout::kStagedInPlace) {
+    // The initiator moved the bytes already (and checked the buffers).
+    uint64_t room = 0;
+    for (uint32_t k = 0; k < wqe.num_sge; ++k) room += wqe.sge[k].length;
+    w->wr_id = wqe.wr_id;
+    w->status = IBV_WC_SUCCESS;
+    w->opcode = IBV_WC_RECV;
+    w->vendor_err = 0;
+    w->byte_len = static_cast<uint32_t>(std::min<uint64_t>(c.byte_len, room));
+    return true;
+  }
+  // The bytes into the WQE's buffers, each checked against our MRs as a
+  // receive buffer (live MR of the QP's PD, local write, in range).
+  uint8_t data[layout::kStagedMaxData];
+  std::memcpy(data, c.data0, sizeof c.data0);
+  std::memcpy(data + 4, c.data1, sizeof c.data1);
+  std::memcpy(data + 12, c.data2, sizeof c.data2);
+  const uint32_t len = std::min(c.byte_len, layout::kStagedMaxData);
+  uint32_t status = IBV_WC_SUCCESS, done = 0;
+  for (uint32_t k = 0; k < wqe.num_sge && done < len; ++k) {
+    const layout::WireSge& s = wqe.sge[k];
+    const uint32_t take = std::min(s.length, len - done);
+    if (take == 0) continue;
+    const uint32_t i = layout::key_index(s.lkey);
+    if (i >= mr_slots_) {
+      status = IBV_WC_LOC_PROT_ERR;
+      break;
+    }
+    const MrState& m = mrs_[i];
+    const uint64_t off = s.addr - m.iova;  // wraps (and fails) below iova
+    if (!m.live || m.kind != layout::kKindMr || m.lkey != s.lkey || m.pd != pd ||
+        !(m.access & IBV_ACCESS_LOCAL_WRITE) || off > m.length || take > m.length - off) {
+      status = IBV_WC_LOC_PROT_ERR;
+      break;
+    }
+    std::memcpy(reinterpret_cast<void*>(m.addr + off), data + done, take);
+    done += take;
+  }
+  if (status == IBV_WC_SUCCESS && done < len) status = IBV_WC_LOC_LEN_ERR;
+  if (status != IBV_WC_SUCCESS) {
+    // A responder error, as deliver's: the QP enters the error state and is
+    // flushed at our next progress pass.
+    layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
+    e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    layout::bump_version(e);
+    header()->attention.fetch_add(1, std::memory_order_release);
+  }
+  w->wr_id = wqe.wr_id;
+  w->status = static_cast<ibv_wc_status>(status);
+  w->opcode = IBV_WC_RECV;
+  w->vendor_err = 0;
+  w->byte_len = status == IBV_WC_SUCCESS ? len : 0;
+  return true;
+}
+
+}  // namespace shmrdma
