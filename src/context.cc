@@ -41,8 +41,8 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->live_qps_.reserve(c->layout_.qp_slots);
     c->last_recv_tag_.reset(new std::atomic<uint8_t>[c->layout_.qp_slots]());
     c->staged_rx_.reset(new StagedRx[c->layout_.qp_slots]);
-    // SHMRDMA_STAGED_SEND=0: small SENDs take the receiver's WQE as larger
-    // ones do (to compare, and to test that path with small messages).
+    // SHMRDMA_STAGED_SEND=0: SENDs take the receiver's WQE themselves, as
+    // into a QP with an SRQ (to compare, and to test that path).
     const char* staged = std::getenv("SHMRDMA_STAGED_SEND");
     c->staged_send_ = !(staged && std::strcmp(staged, "0") == 0);
   } catch (const std::bad_alloc&) {

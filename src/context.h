@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "biased_lock.h"
 #include "counters.h"
 #include "directory.h"
 #include "heap.h"
@@ -31,7 +32,6 @@
 #include "local_cq.h"
 #include "ring.h"
 #include "segment.h"
-#include "biased_lock.h"
 
 namespace shmrdma {
 
@@ -319,8 +319,17 @@ class LocalContext {
                 const uint32_t* lkeys, uint32_t n) noexcept;
   // Resolves a local SGE for the data path: the key must name a live MR of
   // `pd` with `need` access covering [addr, addr+len). Returns the host
-  // address or nullptr. Reads only private state.
-  const void* resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) const noexcept;
+  // address or nullptr. Reads only private state. Inline: a staged
+  // receive's poll (finish_staged) checks its buffers with it.
+  const void* resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len, uint32_t need) const noexcept {
+    const uint32_t i = layout::key_index(lkey);
+    if (i >= mrs_.size()) return nullptr;
+    const MrState& s = mrs_[i];
+    if (!s.live || s.kind != layout::kKindMr || s.lkey != lkey || s.pd != pd || (s.access & need) != need)
+      return nullptr;
+    if (addr < s.iova || len > s.length || addr - s.iova > s.length - len) return nullptr;
+    return reinterpret_cast<const void*>(s.addr + (addr - s.iova));
+  }
 
   // Memory windows (mw.cc). type: 1 or 2 (ibv_mw_type). A window takes an
   // entry of the MR table (and counts as an MR against the device limits)
@@ -804,7 +813,7 @@ class LocalContext {
   };
   std::unique_ptr<StagedRx[]> staged_rx_;
   bool staged_send_ = true;  // SHMRDMA_STAGED_SEND=0: this context's sends never stage
-  // cq.cc take_cqe: a staged CQE (payload, untrusted) into *w; false when
+  // take_staged's: a staged CQE (payload, untrusted) into *w; false when
   // there is nothing to hand out (not ours any more, or bogus).
   bool finish_staged(const std::byte* payload, ibv_wc* w) noexcept;
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder

@@ -263,14 +263,4 @@ int LocalContext::advise_mr(uint32_t pd, uint32_t advice, uint32_t flags, const 
   return 0;
 }
 
-const void* LocalContext::resolve_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t len,
-                                        uint32_t need) const noexcept {
-  uint32_t i = layout::key_index(lkey);
-  if (i >= mrs_.size()) return nullptr;
-  const MrState& s = mrs_[i];
-  if (!s.live || s.kind != layout::kKindMr || s.lkey != lkey || s.pd != pd || (s.access & need) != need) return nullptr;
-  if (addr < s.iova || len > s.length || addr - s.iova > s.length - len) return nullptr;
-  return reinterpret_cast<const void*>(s.addr + (addr - s.iova));
-}
-
 }  // namespace shmrdma

@@ -87,6 +87,24 @@ inline bool rnr_backing_off(Qp* qp, const Ring& rq) noexcept {
   qp->rnr_backoff = false;
   return false;
 }
+// The back-off starts: an attempt found no receive.
+inline void start_rnr_backoff(Qp* qp) noexcept {
+  qp->rnr_backoff = true;
+  qp->rnr_backoff_since_ns = now_ns();
+}
+
+// An initiator that found no receive in t's queue (or the SRQ se, when it
+// is a basic SRQ t takes from) tells the receiver someone waits: its
+// post_recv wakes us (cq.cc wake_initiator; srq.cc srq_posted for an SRQ).
+// The caller then looks once more: the fence pairs with the one the
+// receiver runs after posting, so either we see its WQE or it sees the flag.
+inline void announce_waiting(layout::QpEntry* t, layout::SrqEntry* se) noexcept {
+  if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
+    t->initiator_waiting.store(1, std::memory_order_relaxed);
+  if (se && !se->initiator_waiting.load(std::memory_order_relaxed))
+    se->initiator_waiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 inline bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
 

@@ -180,18 +180,12 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
     }
     bool found = behind > 0 && rq.published_at(sn, &h);
     if (!found && rnr_wait) {
-      // deliver's wake-up handshake with the receiver's post_recv.
-      if (!t->initiator_waiting.load(std::memory_order_relaxed))
-        t->initiator_waiting.store(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      announce_waiting(t, nullptr);
       found = rq.published_at(sn, &h);
     }
     if (!found) {
       take_end(t, v);
-      if (rnr_wait) {
-        qp->rnr_backoff = true;
-        qp->rnr_backoff_since_ns = now_ns();
-      }
+      if (rnr_wait) start_rnr_backoff(qp);
       return Deliver::kNoReceive;
     }
   }
@@ -323,66 +317,52 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
       sr.rq.release(r.handle);
     }
   }
+  uint32_t status = IBV_WC_SUCCESS, opcode = IBV_WC_RECV, byte_len = c.byte_len;
   if (c.kind == layout::kStagedWriteImm) {
-    w->wr_id = wqe.wr_id;
-    w->status = IBV_WC_SUCCESS;
-    w->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-    w->vendor_err = 0;
-    w->byte_len = c.byte_len;
-    return true;
-  }
-  if (c.kind == layout::kStagedInPlace) {
+    opcode = IBV_WC_RECV_RDMA_WITH_IMM;  // its bytes went where its rkey named
+  } else if (c.kind == layout::kStagedInPlace) {
     // The initiator moved the bytes already (and checked the buffers).
     uint64_t room = 0;
     for (uint32_t k = 0; k < wqe.num_sge; ++k) room += wqe.sge[k].length;
-    w->wr_id = wqe.wr_id;
-    w->status = IBV_WC_SUCCESS;
-    w->opcode = IBV_WC_RECV;
-    w->vendor_err = 0;
-    w->byte_len = static_cast<uint32_t>(std::min<uint64_t>(c.byte_len, room));
-    return true;
-  }
-  // The bytes into the WQE's buffers, each checked against our MRs as a
-  // receive buffer (live MR of the QP's PD, local write, in range).
-  uint8_t data[layout::kStagedMaxData];
-  std::memcpy(data, c.data0, sizeof c.data0);
-  std::memcpy(data + 4, c.data1, sizeof c.data1);
-  std::memcpy(data + 12, c.data2, sizeof c.data2);
-  const uint32_t len = std::min(c.byte_len, layout::kStagedMaxData);
-  uint32_t status = IBV_WC_SUCCESS, done = 0;
-  for (uint32_t k = 0; k < wqe.num_sge && done < len; ++k) {
-    const layout::WireSge& s = wqe.sge[k];
-    const uint32_t take = std::min(s.length, len - done);
-    if (take == 0) continue;
-    const uint32_t i = layout::key_index(s.lkey);
-    if (i >= mr_slots_) {
-      status = IBV_WC_LOC_PROT_ERR;
-      break;
+    byte_len = static_cast<uint32_t>(std::min<uint64_t>(c.byte_len, room));
+  } else {
+    // The bytes into the WQE's buffers, each checked against our MRs as a
+    // receive buffer (resolve_local: live MR of the QP's PD, local write, in
+    // range).
+    uint8_t data[layout::kStagedMaxData];
+    std::memcpy(data, c.data0, sizeof c.data0);
+    std::memcpy(data + 4, c.data1, sizeof c.data1);
+    std::memcpy(data + 12, c.data2, sizeof c.data2);
+    const uint32_t len = std::min(c.byte_len, layout::kStagedMaxData);
+    uint32_t done = 0;
+    for (uint32_t k = 0; k < wqe.num_sge && done < len; ++k) {
+      const layout::WireSge& s = wqe.sge[k];
+      const uint32_t take = std::min(s.length, len - done);
+      if (take == 0) continue;
+      const void* p = resolve_local(s.lkey, pd, s.addr, take, kAccessLocalWrite);
+      if (!p) {
+        status = IBV_WC_LOC_PROT_ERR;
+        break;
+      }
+      std::memcpy(const_cast<void*>(p), data + done, take);
+      done += take;
     }
-    const MrState& m = mrs_[i];
-    const uint64_t off = s.addr - m.iova;  // wraps (and fails) below iova
-    if (!m.live || m.kind != layout::kKindMr || m.lkey != s.lkey || m.pd != pd ||
-        !(m.access & IBV_ACCESS_LOCAL_WRITE) || off > m.length || take > m.length - off) {
-      status = IBV_WC_LOC_PROT_ERR;
-      break;
+    if (status == IBV_WC_SUCCESS && done < len) status = IBV_WC_LOC_LEN_ERR;
+    byte_len = status == IBV_WC_SUCCESS ? len : 0;
+    if (status != IBV_WC_SUCCESS) {
+      // A responder error, as deliver's: the QP enters the error state and
+      // is flushed at our next progress pass.
+      layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
+      e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+      layout::bump_version(e);
+      header()->attention.fetch_add(1, std::memory_order_release);
     }
-    std::memcpy(reinterpret_cast<void*>(m.addr + off), data + done, take);
-    done += take;
-  }
-  if (status == IBV_WC_SUCCESS && done < len) status = IBV_WC_LOC_LEN_ERR;
-  if (status != IBV_WC_SUCCESS) {
-    // A responder error, as deliver's: the QP enters the error state and is
-    // flushed at our next progress pass.
-    layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
-    e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
-    layout::bump_version(e);
-    header()->attention.fetch_add(1, std::memory_order_release);
   }
   w->wr_id = wqe.wr_id;
   w->status = static_cast<ibv_wc_status>(status);
-  w->opcode = IBV_WC_RECV;
+  w->opcode = static_cast<ibv_wc_opcode>(opcode);
   w->vendor_err = 0;
-  w->byte_len = status == IBV_WC_SUCCESS ? len : 0;
+  w->byte_len = byte_len;
   return true;
 }
 

@@ -336,25 +336,14 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   } else {
     claimed = rq.try_claim_announced(announce);
     if (!claimed && claimed.status != RingStatus::contended && rnr_wait) {
-      // Tell the receiver someone waits (its post_recv wakes us: cq.cc
-      // wake_initiator), then look once more. The fence pairs with the one the
-      // receiver runs after posting: either we see its WQE or it sees the flag.
-      if (!t->initiator_waiting.load(std::memory_order_relaxed))  // the line stays shared while it is set
-        t->initiator_waiting.store(1, std::memory_order_relaxed);
-      // A basic SRQ's post wakes the initiators of its QPs (srq.cc srq_posted).
-      if (se && !xrc && !se->initiator_waiting.load(std::memory_order_relaxed))
-        se->initiator_waiting.store(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      announce_waiting(t, xrc ? nullptr : se);
       claimed = rq.try_claim_announced(announce);
     }
   }
   if (!claimed) {
     take_end(t, v);
     if (claimed.status == RingStatus::contended) return Deliver::kBusy;
-    if (rnr_wait) {
-      qp->rnr_backoff = true;
-      qp->rnr_backoff_since_ns = now_ns();
-    }
+    if (rnr_wait) start_rnr_backoff(qp);
     return Deliver::kNoReceive;
   }
   // Copy the WQE out of shared memory, record the take, then free the slot.
