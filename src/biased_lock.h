@@ -63,6 +63,24 @@ class BiasedLock {
       flag_.unlock();
   }
 
+  // The owner's lock without its slow path: true when the lock is biased to
+  // this thread and now held by it (release with unlock); false, and not
+  // held, otherwise (never biased yet, revoked, or another thread's).
+  [[gnu::always_inline]] bool try_lock_owner() noexcept {
+    const uintptr_t self = reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
+    if (bias_.load(std::memory_order_relaxed) != self) [[unlikely]]
+      return false;
+    owner_held_.store(self, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // as lock_as
+    if (bias_.load(std::memory_order_acquire) == self) [[likely]]
+      return true;
+    owner_held_.store(0, std::memory_order_release);  // revoked meanwhile: back off
+    return false;
+  }
+
+  // unlock after try_lock_owner returned true.
+  [[gnu::always_inline]] void unlock_owner() noexcept { owner_held_.store(0, std::memory_order_release); }
+
   // Whether the lock is biased to a thread now (tests).
   bool biased() const noexcept {
     const uintptr_t b = bias_.load(std::memory_order_relaxed);

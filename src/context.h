@@ -373,7 +373,19 @@ class LocalContext {
   // enqueue_send); the first error stops the list (*bad_wr). Then progress
   // when anything was queued or failed.
   using GeneralPost = int (*)(void* arg, const ibv_send_wr* wr) noexcept;
-  int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general, void* arg) noexcept;
+  // ibv_post_send (the provider's post_send): a single small WRITE is
+  // offered to write_leaf first (transport_post.cc), a call that keeps only
+  // the provider's three arguments across it; the rest, and what write_leaf
+  // declines, through post_send_list.
+  enum class Leaf { kDone, kArmed, kNotHandled };
+  static bool leaf_shape(const ibv_send_wr* wr) noexcept {
+    return wr && !wr->next && wr->opcode == IBV_WR_RDMA_WRITE;
+  }
+  int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
+                     void* arg) noexcept;
+  [[gnu::noinline]] Leaf write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
+  Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
+  [[gnu::noinline, gnu::cold]] int write_leaf_armed(Qp* qp) noexcept;
   // post_send's WR that execute_fast did not finish (transport_post.cc).
   [[gnu::noinline]] void queue_locked(Qp* qp, const ibv_send_wr& wr, uint64_t total, bool inl, bool failed,
                                       uint32_t status) noexcept;

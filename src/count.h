@@ -110,6 +110,20 @@ inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept 
   bump(r[layout::kCntRcvBytes], len);
 }
 
+// sent_rc for a WRITE whose groups fast_groups returned (l, not nullptr):
+// no slow path, no call.
+[[gnu::always_inline]] inline void sent_write(Qp* qp, std::atomic<uint64_t>* l, uint64_t len) noexcept {
+  const QpCounting& q = qp->cnt;
+  std::atomic<uint64_t>* r = q.fast_remote;
+  const uint64_t pkts = ((len - (len != 0)) >> q.mtu_shift) + 1;
+  // bump's single-writer adds, spelled out: the leaf must not call.
+  constexpr auto rx = std::memory_order_relaxed;
+  l[layout::kCntXmitPkts].store(l[layout::kCntXmitPkts].load(rx) + pkts, rx);
+  l[layout::kCntXmitBytes].store(l[layout::kCntXmitBytes].load(rx) + len, rx);
+  r[layout::kCntRcvPkts].store(r[layout::kCntRcvPkts].load(rx) + pkts, rx);
+  r[layout::kCntRcvBytes].store(r[layout::kCntRcvBytes].load(rx) + len, rx);
+}
+
 // execute_fast_in (transport.cc): an RC READ of len bytes or an atomic
 // executed; what sent_op counts for it (a one-packet request of 0 bytes or
 // 8, the response's packets and bytes the other way), through the groups

@@ -137,6 +137,41 @@ class LocalCq {
     *pos_out = pos;
     return s;
   }
+  // reserve in two steps, for the one producer (multi() false, under its
+  // sq_lock): the slot at tail when it is free, not yet claimed (nullptr:
+  // several producers, or full); then claim_single claims that slot (still
+  // the one at tail, still free: no other producer), once nothing can fail.
+  [[gnu::always_inline]] LocalCqSlot* peek_single(uint32_t* pos_out) noexcept {
+    if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
+      return nullptr;
+    const uint32_t pos = tail_.load(std::memory_order_relaxed);
+    LocalCqSlot* s = slots_ + (pos & mask_);
+    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
+      return nullptr;
+    *pos_out = pos;
+    return s;
+  }
+  [[gnu::always_inline]] LocalCqSlot* claim_single(uint32_t* pos_out) noexcept {
+    const uint32_t pos = tail_.load(std::memory_order_relaxed);
+    tail_.store(pos + 1, std::memory_order_relaxed);
+    *pos_out = pos;
+    return slots_ + (pos & mask_);
+  }
+  // A successful send completion of opcode (an ibv_wc_opcode) into slot s,
+  // every other field 0, in six 8-byte stores.
+  [[gnu::always_inline]] static void fill_success(LocalCqSlot* s, uint64_t wr_id, uint32_t opcode,
+                                                  uint32_t qp_num) noexcept {
+    static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, status) == 8 && offsetof(ibv_wc, opcode) == 12 &&
+                  offsetof(ibv_wc, qp_num) == 28 && IBV_WC_SUCCESS == 0);
+    auto* d = reinterpret_cast<char*>(&s->wc);
+    const uint64_t w1 = uint64_t{opcode} << 32, w3 = uint64_t{qp_num} << 32, zero = 0;
+    __builtin_memcpy(d, &wr_id, 8);
+    __builtin_memcpy(d + 8, &w1, 8);
+    __builtin_memcpy(d + 16, &zero, 8);
+    __builtin_memcpy(d + 24, &w3, 8);
+    __builtin_memcpy(d + 32, &zero, 8);
+    __builtin_memcpy(d + 40, &zero, 8);
+  }
   [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
     s->seq.store(pos + 1, std::memory_order_release);
     ready->store(1, std::memory_order_release);

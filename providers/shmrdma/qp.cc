@@ -141,13 +141,29 @@ int general_post(void* arg, const ibv_send_wr* wr) noexcept {
   return enqueue_general(ibqp, to_ctx(ibqp->context)->core, to_qp(ibqp)->core, wr);
 }
 
+// post_send's single WRITE: write_leaf, else the list's way. The context and
+// the QP are looked up again after write_leaf (two loads each) rather than
+// kept, so only the three arguments live across the call; and a call of its
+// own, so that post_send's other WRs do not pay for this one's frame.
+[[gnu::noinline]] int post_write(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  using Leaf = LocalContext::Leaf;
+  const Leaf r = to_ctx(ibqp->context)->core->write_leaf(to_qp(ibqp)->core, *wr);
+  if (r == Leaf::kDone) [[likely]]
+    return 0;
+  if (r == Leaf::kArmed) return to_ctx(ibqp->context)->core->write_leaf_armed(to_qp(ibqp)->core);
+  return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
+}
+
 }  // namespace
 
 // RC and UC WRITE/SEND/READ/atomics go straight from the ibv_send_wr into the
 // send slot and execute within the call (LocalContext::post_send_list); the
 // rest is converted here (enqueue_general) and executed by progress() after
 // the list.
+//
+// A single WRITE is offered to LocalContext::write_leaf first (post_write).
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  if (LocalContext::leaf_shape(wr)) return post_write(ibqp, wr, bad_wr);
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }
 
