@@ -48,9 +48,23 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
 // SENDs): one buffer each side, both reachable here, 1 to 16 bytes, not
 // overlapping. The last byte is stored last, with release, as move_out's
 // last_byte_last does. False (nothing copied) for anything else.
+//
+// 8 bytes to an 8-byte aligned address (the common small message) are one
+// store instead: x86 makes such a store visible at once (AMD64: a single
+// store within an aligned 8-byte block; Intel: an aligned 8-byte access),
+// so a peer spinning on the last byte sees every other byte with it. One
+// store instead of three into a line the target may be polling.
 inline bool move_out_small(void* dst, const void* src, size_t len) noexcept {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
+#if defined(__x86_64__)
+  if (len == 8 && (reinterpret_cast<uintptr_t>(d) & 7) == 0) {
+    uint64_t v;
+    __builtin_memcpy(&v, s, 8);
+    __atomic_store_n(reinterpret_cast<uint64_t*>(d), v, __ATOMIC_RELEASE);
+    return true;
+  }
+#endif
   if (len - 1 >= 16 || (d < s + len && s < d + len)) return false;
   const size_t n = len - 1;  // all but the last byte, in at most two loads and stores
   if (n >= 4)
