@@ -54,7 +54,7 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
 // store within an aligned 8-byte block; Intel: an aligned 8-byte access),
 // so a peer spinning on the last byte sees every other byte with it. One
 // store instead of three into a line the target may be polling.
-inline bool move_out_small(void* dst, const void* src, size_t len) noexcept {
+[[gnu::always_inline]] inline bool move_out_small(void* dst, const void* src, size_t len) noexcept {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
 #if defined(__x86_64__)

@@ -395,14 +395,15 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
 // entry, the rkey, the counter groups), its queue empty, its send CQ's FIFO
 // with one producer and room. It does what post_send and execute_fast do for
 // it, in the same order, and declines (kNotHandled) before it has changed
-// anything whenever one of them would do more: then post_send_list_rest
-// takes the WR as before.
+// anything whenever one of them would do more: then post_send_list takes
+// the WR as before (the provider's post_write calls it).
 //
-// Why a path of its own: it is a leaf (no call, nothing it needs in a
-// callee-saved register), so post_send_list saves no register and spills
-// nothing on the way to it. Every store the WRITE makes is then one it needs
-// (the bytes, the lock, the counters, the queue positions, the completion):
-// about 20 instead of 33. Stores are what such a post waits on when the
+// Why a path of its own: it is a leaf (no call, few values live at once),
+// so it saves at most one register and spills nothing, where
+// post_send_list saves six and spills more. Nearly every store the WRITE
+// makes is then one it needs (the bytes, the lock, the counters, the queue
+// positions, the completion): 23 signaled, 13 not, instead of 33 and 22
+// (bench/results/callgrind.md). Stores are what such a post waits on when the
 // target's line is contended: x86 makes stores visible in order, so while
 // the store of the bytes waits for a line the target is polling (UCX's
 // put_bw responder does), every later store queues behind it and the
