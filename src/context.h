@@ -384,6 +384,20 @@ class LocalContext {
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                      void* arg) noexcept;
   [[gnu::noinline]] Leaf write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // The post's source SGE checked against our MR table in one word
+  // (MrState::fast_match: live, an MR, not on-demand, this lkey and the QP's
+  // PD), then the range: its local address, or nullptr (the general path
+  // checks it and reports what fails). execute_fast's and write_leaf's.
+  [[gnu::always_inline]] const void* fast_source(const Qp* qp, const ibv_sge& g, uint64_t len) const noexcept {
+    const uint32_t i = layout::key_index(g.lkey);
+    if (i >= mr_slots_) [[unlikely]]  // mrs_.size()
+      return nullptr;
+    const MrState& m = mrs_[i];
+    const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
+    if (m.fast_match != (qp->pd_match | g.lkey) || off > m.length || len > m.length - off) [[unlikely]]
+      return nullptr;
+    return reinterpret_cast<const void*>(m.addr + off);
+  }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   [[gnu::noinline, gnu::cold]] int write_leaf_armed(Qp* qp) noexcept;
   // post_send's WR that execute_fast did not finish (transport_post.cc).

@@ -28,7 +28,7 @@
 
 namespace shmrdma::count {
 
-inline void bump(std::atomic<uint64_t>& a, uint64_t n) noexcept {
+[[gnu::always_inline]] inline void bump(std::atomic<uint64_t>& a, uint64_t n) noexcept {
   a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // single writer: no RMW
 }
 
@@ -96,11 +96,11 @@ inline std::atomic<uint64_t>* fast_groups(const Qp* qp) noexcept {
 // sent_rc_slow (counters.cc) counts as sent_op and keeps the two groups in
 // QpCounting for the next ones.
 void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
-inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
+// sent_rc's counting into the groups l (fast_groups(qp), not nullptr) and
+// QpCounting::fast_remote: no slow path, no call (write_leaf's too).
+[[gnu::always_inline]] inline void sent_rc_groups(Qp* qp, std::atomic<uint64_t>* l, uint32_t op,
+                                                  uint64_t len) noexcept {
   const QpCounting& q = qp->cnt;
-  std::atomic<uint64_t>* l = fast_groups(qp);
-  if (!l) [[unlikely]]
-    return sent_rc_slow(k, qp, op, len);
   std::atomic<uint64_t>* r = q.fast_remote;
   const uint64_t pkts = ((len - (len != 0)) >> q.mtu_shift) + 1;  // at least 1
   bump(l[layout::kCntXmitPkts], pkts);
@@ -109,19 +109,11 @@ inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept 
   bump(r[layout::kCntRcvPkts], pkts);
   bump(r[layout::kCntRcvBytes], len);
 }
-
-// sent_rc for a WRITE whose groups fast_groups returned (l, not nullptr):
-// no slow path, no call.
-[[gnu::always_inline]] inline void sent_write(Qp* qp, std::atomic<uint64_t>* l, uint64_t len) noexcept {
-  const QpCounting& q = qp->cnt;
-  std::atomic<uint64_t>* r = q.fast_remote;
-  const uint64_t pkts = ((len - (len != 0)) >> q.mtu_shift) + 1;
-  // bump's single-writer adds, spelled out: the leaf must not call.
-  constexpr auto rx = std::memory_order_relaxed;
-  l[layout::kCntXmitPkts].store(l[layout::kCntXmitPkts].load(rx) + pkts, rx);
-  l[layout::kCntXmitBytes].store(l[layout::kCntXmitBytes].load(rx) + len, rx);
-  r[layout::kCntRcvPkts].store(r[layout::kCntRcvPkts].load(rx) + pkts, rx);
-  r[layout::kCntRcvBytes].store(r[layout::kCntRcvBytes].load(rx) + len, rx);
+inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
+  std::atomic<uint64_t>* l = fast_groups(qp);
+  if (!l) [[unlikely]]
+    return sent_rc_slow(k, qp, op, len);
+  sent_rc_groups(qp, l, op, len);
 }
 
 // execute_fast_in (transport.cc): an RC READ of len bytes or an atomic

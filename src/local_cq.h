@@ -127,14 +127,9 @@ class LocalCq {
   [[gnu::always_inline]] LocalCqSlot* reserve(uint32_t* pos_out) noexcept {
     if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
       return reserve_multi(pos_out);
-    const uint32_t pos = tail_.load(std::memory_order_relaxed);
-    LocalCqSlot* s = slots_ + (pos & mask_);
-    // Pairs with the consumer's release. The one producer's slot at tail
-    // is free (seq == pos) or still holds last lap's item: full.
-    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
-      return nullptr;
-    tail_.store(pos + 1, std::memory_order_relaxed);
-    *pos_out = pos;
+    LocalCqSlot* s = free_at_tail(pos_out);
+    if (s) [[likely]]
+      tail_.store(*pos_out + 1, std::memory_order_relaxed);
     return s;
   }
   // reserve in two steps, for the one producer (multi() false, under its
@@ -144,12 +139,7 @@ class LocalCq {
   [[gnu::always_inline]] LocalCqSlot* peek_single(uint32_t* pos_out) noexcept {
     if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
       return nullptr;
-    const uint32_t pos = tail_.load(std::memory_order_relaxed);
-    LocalCqSlot* s = slots_ + (pos & mask_);
-    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
-      return nullptr;
-    *pos_out = pos;
-    return s;
+    return free_at_tail(pos_out);
   }
   [[gnu::always_inline]] LocalCqSlot* claim_single(uint32_t* pos_out) noexcept {
     const uint32_t pos = tail_.load(std::memory_order_relaxed);
@@ -157,17 +147,19 @@ class LocalCq {
     *pos_out = pos;
     return slots_ + (pos & mask_);
   }
-  // A successful send completion of opcode (an ibv_wc_opcode) into slot s,
-  // every other field 0, in six 8-byte stores.
-  [[gnu::always_inline]] static void fill_success(LocalCqSlot* s, uint64_t wr_id, uint32_t opcode,
-                                                  uint32_t qp_num) noexcept {
+  // A send completion into slot s (opcode: an ibv_wc_opcode), every other
+  // field 0, in six 8-byte stores.
+  [[gnu::always_inline]] static void fill(LocalCqSlot* s, uint64_t wr_id, uint32_t status, uint32_t opcode,
+                                          uint32_t byte_len, uint32_t qp_num) noexcept {
     static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, status) == 8 && offsetof(ibv_wc, opcode) == 12 &&
-                  offsetof(ibv_wc, qp_num) == 28 && IBV_WC_SUCCESS == 0);
+                  offsetof(ibv_wc, vendor_err) == 16 && offsetof(ibv_wc, byte_len) == 20 &&
+                  offsetof(ibv_wc, qp_num) == 28 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
     auto* d = reinterpret_cast<char*>(&s->wc);
-    const uint64_t w1 = uint64_t{opcode} << 32, w3 = uint64_t{qp_num} << 32, zero = 0;
+    const uint64_t w1 = uint64_t{opcode} << 32 | status, w2 = uint64_t{byte_len} << 32,
+                   w3 = uint64_t{qp_num} << 32, zero = 0;
     __builtin_memcpy(d, &wr_id, 8);
     __builtin_memcpy(d + 8, &w1, 8);
-    __builtin_memcpy(d + 16, &zero, 8);
+    __builtin_memcpy(d + 16, &w2, 8);
     __builtin_memcpy(d + 24, &w3, 8);
     __builtin_memcpy(d + 32, &zero, 8);
     __builtin_memcpy(d + 40, &zero, 8);
@@ -175,6 +167,18 @@ class LocalCq {
   [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
     s->seq.store(pos + 1, std::memory_order_release);
     ready->store(1, std::memory_order_release);
+  }
+
+  // The one producer's slot at tail, unclaimed: free (seq == pos; pairs
+  // with the consumer's release), or nullptr when it still holds last lap's
+  // item (full).
+  [[gnu::always_inline]] LocalCqSlot* free_at_tail(uint32_t* pos_out) noexcept {
+    const uint32_t pos = tail_.load(std::memory_order_relaxed);
+    LocalCqSlot* s = slots_ + (pos & mask_);
+    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
+      return nullptr;
+    *pos_out = pos;
+    return s;
   }
 
   // ------------------------------------------------------- producer set

@@ -162,15 +162,23 @@ namespace shmrdma {
 // and we changed neither peer nor destination (modify_qp and
 // set_destination clear Qp::tgt), the checks hold and the one word is all
 // that is read.
+// fast_target's hit: the target entry check_target kept, while its version
+// and the peer are the ones it checked (nullptr: check it again).
+[[gnu::always_inline]] inline layout::QpEntry* cached_target(const Qp* qp, const Peer& peer) noexcept {
+  layout::QpEntry* t = qp->tgt.entry;
+  if (!t || qp->tgt.peer_stamp != peer.stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
+    return nullptr;
+  return t;
+}
+
 [[gnu::always_inline]] inline layout::QpEntry* LocalContext::fast_target(Qp* qp, Peer** peer) noexcept {
   Peer* pp = qp->peer.get();
   if (!pp) [[unlikely]]
     return nullptr;
   if (qp->path_by_gid && !destination_holds(qp)) return nullptr;
   *peer = pp;
-  layout::QpEntry* t = qp->tgt.entry;
-  if (!t || qp->tgt.peer_stamp != pp->stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
-      [[unlikely]]
+  layout::QpEntry* t = cached_target(qp, *pp);
+  if (!t) [[unlikely]]
     t = check_target(qp, *pp);
   return t;
 }
@@ -270,13 +278,7 @@ inline void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode,
       own_send_overrun(qp->send_cq);  // full: the completion is lost, as on hardware
       return;
     }
-    ibv_wc& w = s->wc;
-    w = ibv_wc{};
-    w.wr_id = wr_id;
-    w.status = static_cast<ibv_wc_status>(status);
-    w.opcode = static_cast<ibv_wc_opcode>(transport::wc_opcode(opcode));
-    w.byte_len = byte_len;
-    w.qp_num = qp->qpn;
+    LocalCq::fill(s, wr_id, status, transport::wc_opcode(opcode), byte_len, qp->qpn);
     l->publish(s, pos);
     // No fence: arm_cq takes and drops our sq_lock after arming (local_cq.h),
     // so either the poll the application makes after arming sees this

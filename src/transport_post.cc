@@ -175,14 +175,9 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
       // then the payload) are gathered first, so one source moves as before.
       src = wr.num_sge > 1 ? gather_inline(qp, wr) : reinterpret_cast<void*>(g.addr);
     } else {
-      const uint32_t i = layout::key_index(g.lkey);
-      if (i >= mr_slots_) [[unlikely]]  // mrs_.size()
+      src = const_cast<void*>(fast_source(qp, g, len));
+      if (!src) [[unlikely]]
         return Exec::kNotHandled;
-      const MrState& m = mrs_[i];
-      const uint64_t off = g.addr - m.iova;  // wraps (and fails) below iova: our MRs are shorter than 2^63
-      if (m.fast_match != (qp->pd_match | g.lkey) || off > m.length || len > m.length - off) [[unlikely]]
-        return Exec::kNotHandled;
-      src = reinterpret_cast<void*>(m.addr + off);
     }
   }
 
@@ -419,10 +414,7 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   // fast_target's hit, without its refresh (check_target).
   const Peer* pp = qp->peer.get();
   if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
-  const layout::QpEntry* t = qp->tgt.entry;
-  if (!t || qp->tgt.peer_stamp != pp->stamp || t->version.load(std::memory_order_acquire) != qp->tgt.version)
-    return Leaf::kNotHandled;
-  if (!count::fast_groups(qp)) return Leaf::kNotHandled;
+  if (!cached_target(qp, *pp) || !count::fast_groups(qp)) return Leaf::kNotHandled;
   // The completion's slot must be free (claimed below, once nothing can fail).
   if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
     uint32_t pos;
@@ -430,7 +422,7 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   }
   uint8_t* dst = remote_write_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
   if (!dst || !move_out_small(dst, src, len)) return Leaf::kNotHandled;  // overlapping: nothing moved
-  count::sent_write(qp, count::fast_groups(qp), len);  // counters: packets and bytes
+  count::sent_rc_groups(qp, count::fast_groups(qp), IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!(wr.send_flags & IBV_SEND_SIGNALED) && !qp->sq_sig_all) return Leaf::kDone;
   // complete_send's success, into the slot looked at (one producer, under
@@ -438,7 +430,7 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   LocalCq* l = qp->send_local;
   uint32_t pos;
   LocalCqSlot* s = l->claim_single(&pos);
-  LocalCq::fill_success(s, wr.wr_id, IBV_WC_RDMA_WRITE, qp->qpn);
+  LocalCq::fill(s, wr.wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, 0, qp->qpn);
   l->publish(s, pos);
   qp->sq_retire = tail + 1;
   // No fence (complete_send, local_cq.h); a success qualifies for a
@@ -457,18 +449,8 @@ LocalContext::Leaf LocalContext::write_leaf(Qp* qp, const ibv_send_wr& wr) noexc
   if (len - 1 >= 16 || (inl && len > qp->caps.max_inline_data)) return Leaf::kNotHandled;
   // The source: the inline bytes where the application has them, or the SGE
   // checked against our MR table as execute_fast checks it.
-  const void* src;
-  if (inl) {
-    src = reinterpret_cast<const void*>(g->addr);
-  } else {
-    const uint32_t i = layout::key_index(g->lkey);
-    if (i >= mr_slots_) return Leaf::kNotHandled;
-    const MrState& m = mrs_[i];
-    const uint64_t off = g->addr - m.iova;
-    if (m.fast_match != (qp->pd_match | g->lkey) || off > m.length || len > m.length - off) return Leaf::kNotHandled;
-    src = reinterpret_cast<const void*>(m.addr + off);
-  }
-  if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
+  const void* src = inl ? reinterpret_cast<const void*>(g->addr) : fast_source(qp, *g, len);
+  if (!src || !qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
   const Leaf r = write_leaf_locked(qp, wr, src, len);
   qp->sq_lock.unlock_owner();
   return r;
