@@ -374,16 +374,17 @@ class LocalContext {
   // when anything was queued or failed.
   using GeneralPost = int (*)(void* arg, const ibv_send_wr* wr) noexcept;
   // ibv_post_send (the provider's post_send): a single small WRITE is
-  // offered to write_leaf first (transport_post.cc), a call that keeps only
-  // the provider's three arguments across it; the rest, and what write_leaf
-  // declines, through post_send_list.
+  // offered to write_leaf first (transport_post.cc), a single small SEND to
+  // send_leaf (transport_staged.cc), each a call that keeps only the
+  // provider's three arguments across it; the rest, and what a leaf
+  // declines, through post_send_list. kArmed: done, and the send CQ is armed
+  // for this completion (leaf_armed fires it).
   enum class Leaf { kDone, kArmed, kNotHandled };
-  static bool leaf_shape(const ibv_send_wr* wr) noexcept {
-    return wr && !wr->next && wr->opcode == IBV_WR_RDMA_WRITE;
-  }
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                      void* arg) noexcept;
   [[gnu::noinline]] Leaf write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline, gnu::cold]] int leaf_armed(Qp* qp) noexcept;
   // The post's source SGE checked against our MR table in one word
   // (MrState::fast_match: live, an MR, not on-demand, this lkey and the QP's
   // PD), then the range: its local address, or nullptr (the general path
@@ -399,7 +400,19 @@ class LocalContext {
     return reinterpret_cast<const void*>(m.addr + off);
   }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
-  [[gnu::noinline, gnu::cold]] int write_leaf_armed(Qp* qp) noexcept;
+  Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
+  // send_leaf's source: the inline bytes or the SGE (fast_source), when the
+  // WR has the shape both leaves take; else nullptr.
+  [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len) const noexcept {
+    const ibv_sge* g = wr.sg_list;
+    if (wr.num_sge != 1 || !g || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC)) return nullptr;
+    *len = g->length;
+    const bool inl = wr.send_flags & IBV_SEND_INLINE;
+    if (*len - 1 >= 16 || (inl && *len > qp->caps.max_inline_data)) return nullptr;
+    return inl ? reinterpret_cast<const void*>(g->addr) : fast_source(qp, *g, *len);
+  }
+  [[gnu::cold, gnu::noinline]] void send_leaf_armed_peer(const Peer& peer, Qp* qp, uint32_t cq_index,
+                                                         layout::CqEntry* e, bool solicited) noexcept;
   // post_send's WR that execute_fast did not finish (transport_post.cc).
   [[gnu::noinline]] void queue_locked(Qp* qp, const ibv_send_wr& wr, uint64_t total, bool inl, bool failed,
                                       uint32_t status) noexcept;

@@ -109,6 +109,18 @@ void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
   bump(r[layout::kCntRcvPkts], pkts);
   bump(r[layout::kCntRcvBytes], len);
 }
+// send_leaf: an RC/UC SEND or SEND_WITH_IMM of len bytes (at most 16: one
+// packet at any MTU) received by the target; sent_rc's and recv_done's
+// counts into the groups l (fast_groups(qp), not nullptr).
+[[gnu::always_inline]] inline void sent_small_send(Qp* qp, std::atomic<uint64_t>* l, uint64_t len) noexcept {
+  std::atomic<uint64_t>* r = qp->cnt.fast_remote;
+  bump(l[layout::kCntXmitPkts], 1);
+  bump(l[layout::kCntXmitBytes], len);
+  bump(l[layout::kCntRdmaSends], 1);
+  bump(r[layout::kCntRcvPkts], 1);
+  bump(r[layout::kCntRcvBytes], len);
+  bump(r[layout::kCntRdmaRecvs], 1);
+}
 inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   std::atomic<uint64_t>* l = fast_groups(qp);
   if (!l) [[unlikely]]

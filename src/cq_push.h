@@ -31,15 +31,15 @@ namespace shmrdma::cqpush {
 
 enum class Fast { kFallback, kPushed, kArmed };
 
-// Whether an armed CQ (notify mode m, untrusted) fires for c: the test of
-// cq.cc qualifies, after the one compare that decides the common case (an
-// unarmed CQ, kNotifyNone == 0).
-[[gnu::always_inline]] inline bool armed_for(uint32_t m, const layout::Cqe& c) noexcept {
+// Whether an armed CQ (notify mode m, untrusted) fires for a CQE that is
+// solicited or an error (`qualifies`): the test of cq.cc qualifies, after
+// the one compare that decides the common case (an unarmed CQ,
+// kNotifyNone == 0).
+[[gnu::always_inline]] inline bool armed_for(uint32_t m, bool qualifies) noexcept {
   static_assert(layout::kNotifyNone == 0);
   if (m == layout::kNotifyNone) [[likely]]
     return false;
-  return m == layout::kNotifyNext ||
-         (m == layout::kNotifySolicited && ((c.flags & layout::kCqeSolicited) || layout::error_cqe(c)));
+  return m == layout::kNotifyNext || (m == layout::kNotifySolicited && qualifies);
 }
 
 // P1-P4 of the producer protocol (cq.cc), unchanged, for a push into CQ entry
@@ -50,9 +50,12 @@ enum class Fast { kFallback, kPushed, kArmed };
 // caller runs push_shared_cqe, which does it all. P4 is the same fence and
 // load; kArmed: the CQ is armed for this CQE and the caller fires it
 // (fire_notify). The state is looked at before P1 too, so a producer does not
-// count itself into the entry of a CQ that is gone.
-[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                               RingCache* cache) noexcept {
+// count itself into the entry of a CQ that is gone. fill(payload) writes the
+// CQE (sizeof(layout::Cqe) bytes) into the reserved slot; `qualifies`: it is
+// solicited or an error (armed_for).
+template <typename Fill>
+[[gnu::always_inline]] inline Fast push_common_with(const Peer& peer, layout::CqEntry* e, RingCache* cache,
+                                                    bool qualifies, Fill&& fill) noexcept {
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
     return Fast::kFallback;
   e->producers.fetch_add(1, std::memory_order_seq_cst);  // P1
@@ -61,14 +64,21 @@ enum class Fast { kFallback, kPushed, kArmed };
     e->producers.fetch_sub(1, std::memory_order_release);
     return Fast::kFallback;
   }
-  const RingStatus st = cache->ring.try_push_cas_fixed<sizeof cqe>(&cqe);  // P2
-  e->producers.fetch_sub(1, std::memory_order_release);              // P3
+  const RingStatus st = cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill);  // P2
+  e->producers.fetch_sub(1, std::memory_order_release);                           // P3
   if (st != RingStatus::ok) [[unlikely]]
     return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
   std::atomic_thread_fence(std::memory_order_seq_cst);  // P4, as in take_notify (pairs with the fence in arm_cq)
-  if (armed_for(e->notify.load(std::memory_order_relaxed), cqe)) [[unlikely]]
+  if (armed_for(e->notify.load(std::memory_order_relaxed), qualifies)) [[unlikely]]
     return Fast::kArmed;
   return Fast::kPushed;
+}
+
+// push_common_with for a CQE the caller has built.
+[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                               RingCache* cache) noexcept {
+  return push_common_with(peer, e, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe),
+                          [&cqe](std::byte* payload) { std::memcpy(payload, &cqe, sizeof cqe); });
 }
 
 }  // namespace shmrdma::cqpush

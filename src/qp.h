@@ -226,6 +226,9 @@ struct Qp {
     // (else kNoWritePd): half of the one word RemoteKeyCache::wtag is
     // compared with.
     uint32_t wpd = kNoWritePd;
+    // Our port's LID, the slid of the receive completions we make (the
+    // port is fixed while this cache is: modify_qp empties it).
+    uint32_t slid = 0;
   };
   TargetCache tgt;
   std::shared_ptr<Peer> xrc_peer;  // XRC_SEND: the owner of the SRQ named last

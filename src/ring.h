@@ -412,15 +412,16 @@ class Ring {
   }
 
   // try_push_cas of an item of exactly N bytes that fits every slot a valid
-  // geometry has (N <= kMinStride - header: a CQE, layout.h), so there is no
-  // length check and the copy is of a fixed size, inlined. src: N bytes.
-  template <std::size_t N>
-  RingStatus try_push_cas_fixed(const void* src) const noexcept {
+  // geometry has (N <= kMinStride - header: a CQE, layout.h), written by
+  // fill(payload) straight into the reserved slot: no length check, and the
+  // producer builds its item there instead of copying it from a local one.
+  template <std::size_t N, typename Fill>
+  [[gnu::always_inline]] RingStatus try_push_cas_with(Fill&& fill) const noexcept {
     static_assert(N <= kMinStride - kRingSlotHeaderBytes, "every valid slot holds it");
     assert(attached());
     const RingResult r = try_reserve();
     if (!r) return r.status;
-    std::memcpy(r.handle.payload, src, N);
+    fill(r.handle.payload);
     return publish_cas(r.handle);
   }
 

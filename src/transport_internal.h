@@ -262,6 +262,24 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   rc.wtag = uint64_t{rc.key} << 32 | sn.pd;
 }
 
+// A leaf's (write_leaf, send_leaf) signaled success, WQE tail of qp, into
+// the slot its check looked at (peek_single: one producer, under our
+// sq_lock, so still the one at the FIFO's tail, still free). No fence
+// (complete_send, local_cq.h); a success qualifies for a next-completion
+// arming only: kArmed, and the caller fires it (leaf_armed).
+[[gnu::always_inline]] inline LocalContext::Leaf leaf_complete(Qp* qp, uint64_t wr_id, uint32_t wc_opcode,
+                                                               uint32_t tail) noexcept {
+  LocalCq* l = qp->send_local;
+  uint32_t pos;
+  LocalCqSlot* s = l->claim_single(&pos);
+  LocalCq::fill(s, wr_id, IBV_WC_SUCCESS, wc_opcode, 0, qp->qpn);
+  l->publish(s, pos);
+  qp->sq_retire = tail + 1;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  return l->entry->notify.load(std::memory_order_relaxed) == layout::kNotifyNext ? LocalContext::Leaf::kArmed
+                                                                                 : LocalContext::Leaf::kDone;
+}
+
 // Every send completion of our QPs comes here (successes, errors, flushes,
 // the peer-death RETRY_EXC_ERR, UD), under qp->sq_lock: into the send CQ's
 // FIFO of our own completions (local_cq.h), in the order they are made, so a

@@ -144,7 +144,8 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
     return nullptr;
   const uint32_t access = t->access, pd = t->pd_index;
   const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
-  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd};
+  const uint32_t slid = registry_.device().ports[std::max<uint32_t>(qp->attr.port_num, 1) - 1].lid;
+  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, slid};
   return t;
 }
 
@@ -200,14 +201,13 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   // (a WRITE's moves above do not: a miss goes the general way, which sets
   // it itself).
   qp->local_odp = false;
-  const QpAttr& a = qp->attr;
   const IoVec local[1] = {{src, len}};
   const uint32_t nlocal = len ? 1 : 0;
   const bool uc = qp->qp_type == IBV_QPT_UC;
   layout::Cqe cqe{};
   cqe.qp_num = t->qpn;
   cqe.src_qp = qp->qpn;
-  cqe.slid = registry_.device().ports[std::max<uint32_t>(a.port_num, 1) - 1].lid;
+  cqe.slid = static_cast<uint16_t>(qp->tgt.slid);
   cqe.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
   if (wr.send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
   if (op != IBV_WR_SEND) {
@@ -425,39 +425,24 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   count::sent_rc_groups(qp, count::fast_groups(qp), IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!(wr.send_flags & IBV_SEND_SIGNALED) && !qp->sq_sig_all) return Leaf::kDone;
-  // complete_send's success, into the slot looked at (one producer, under
-  // our sq_lock: still the one at the FIFO's tail, still free).
-  LocalCq* l = qp->send_local;
-  uint32_t pos;
-  LocalCqSlot* s = l->claim_single(&pos);
-  LocalCq::fill(s, wr.wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, 0, qp->qpn);
-  l->publish(s, pos);
-  qp->sq_retire = tail + 1;
-  // No fence (complete_send, local_cq.h); a success qualifies for a
-  // next-completion arming only.
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  return l->entry->notify.load(std::memory_order_relaxed) == layout::kNotifyNext ? Leaf::kArmed : Leaf::kDone;
+  return leaf_complete(qp, wr.wr_id, IBV_WC_RDMA_WRITE, tail);  // complete_send's success
 }
 
 LocalContext::Leaf LocalContext::write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
   // post_send's shape checks for this one shape (a WR that fails one is
-  // declined, and post_send reports it).
-  const ibv_sge* g = wr.sg_list;
-  if (wr.num_sge != 1 || !g || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC)) return Leaf::kNotHandled;
-  const uint32_t len = g->length;
-  const bool inl = wr.send_flags & IBV_SEND_INLINE;
-  if (len - 1 >= 16 || (inl && len > qp->caps.max_inline_data)) return Leaf::kNotHandled;
-  // The source: the inline bytes where the application has them, or the SGE
-  // checked against our MR table as execute_fast checks it.
-  const void* src = inl ? reinterpret_cast<const void*>(g->addr) : fast_source(qp, *g, len);
+  // declined, and post_send reports it); the source: the inline bytes where
+  // the application has them, or the SGE checked against our MR table as
+  // execute_fast checks it.
+  uint32_t len;
+  const void* src = leaf_source(qp, wr, &len);
   if (!src || !qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
   const Leaf r = write_leaf_locked(qp, wr, src, len);
   qp->sq_lock.unlock_owner();
   return r;
 }
 
-// write_leaf's WRITE completed into a CQ armed for the next completion.
-int LocalContext::write_leaf_armed(Qp* qp) noexcept {
+// A leaf's WR completed into a send CQ armed for the next completion.
+int LocalContext::leaf_armed(Qp* qp) noexcept {
   own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
   return 0;
 }

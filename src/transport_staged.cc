@@ -231,6 +231,167 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   return push_staged(qp, peer, t, rq, ce, sc, v);
 }
 
+namespace {
+
+// Bytes 0-7 and 8-15 of len (1 to 16) bytes at s, zero past len, in
+// registers: overlapping loads of 8, 4 or 1 byte(s), none past s + len.
+[[gnu::always_inline]] inline void load_small(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi) noexcept {
+  if (len >= 8) {
+    uint64_t a, b;
+    std::memcpy(&a, s, 8);
+    std::memcpy(&b, s + len - 8, 8);  // bytes len-8 .. len-1
+    *lo = a;
+    *hi = len == 8 ? 0 : b >> (8 * (16 - len));  // bytes 8 .. len-1
+  } else if (len >= 4) {
+    uint32_t a, b;
+    std::memcpy(&a, s, 4);
+    std::memcpy(&b, s + len - 4, 4);  // bytes len-4 .. len-1 (overlapping the first four: the same values)
+    *lo = a | uint64_t{b} << (8 * (len - 4));
+    *hi = 0;
+  } else {
+    *lo = s[0] | uint64_t{s[len / 2]} << (8 * (len / 2)) | uint64_t{s[len - 1]} << (8 * (len - 1));
+    *hi = 0;
+  }
+}
+
+}  // namespace
+
+// ibv_post_send's cheapest SEND, tried before anything else (the provider's
+// post_leaf): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
+// (leaf_source: inline, or an SGE our MR table answers) into a QP without
+// an SRQ, staged (kStagedInline), with every cache answering: the target
+// entry, its receive ring and CQ, the receive buffer's key, the counter
+// groups; its queue empty and its send CQ's FIFO with one producer and
+// room. It does what post_send, execute_fast, deliver_staged and
+// push_staged do for it, in the same order, and declines (kNotHandled)
+// whenever one of them would do more, before it has changed anything but the
+// take record (reserved and ended again, as deliver_staged does when it hands
+// a message to deliver): then post_send_list takes the WR as before.
+//
+// What it saves is what the general path spends moving values between its
+// layers: the receive completion is built once, in registers, and written
+// straight into the target CQ's reserved slot (push_common_with), not built
+// in a Cqe, copied into a StagedCqe and copied again into the slot; the
+// bytes are loaded into registers (load_small) and go into that completion
+// without a buffer; no Exec or Deliver answers, no status out-parameter.
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp, const ibv_send_wr& wr,
+                                                                               const void* src, uint32_t len) noexcept {
+  const uint32_t tail = qp->sq_tail;
+  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
+    return Leaf::kNotHandled;
+  // fast_target's hit, without its refresh (check_target); a QP backing off
+  // after an RNR goes the general way (rnr_backing_off).
+  Peer* pp = qp->peer.get();
+  if (!pp || qp->path_by_gid || qp->rnr_backoff) return Leaf::kNotHandled;
+  Peer& peer = *pp;
+  layout::QpEntry* t = cached_target(qp, peer);
+  const uint32_t op = wr.opcode;
+  if (!t || !may_stage(op, t)) return Leaf::kNotHandled;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+  if (signaled) {
+    uint32_t pos;
+    if (!qp->send_local || !qp->send_local->peek_single(&pos)) return Leaf::kNotHandled;
+  }
+  // The target's receive ring as cached (rq_ring's hit) and its receive CQ.
+  const RingCache& rc = qp->target_rq_cache;
+  if (rc.stamp != peer.stamp || rc.offset != t->rq_ring_offset || rc.capacity != t->rq_capacity ||
+      rc.stride != t->rq_stride)
+    return Leaf::kNotHandled;
+  const uint32_t cq_index = t->recv_cq;
+  layout::CqEntry* ce = peer.cq(cq_index);
+  if (!ce) return Leaf::kNotHandled;
+
+  // deliver_staged: the record, then the state (seq_cst after the
+  // reservation: Dekker with the owner's flush, stash_staged), then the WQE
+  // at rx_staged_next, published, whose first buffer holds the message
+  // (anything else, catching up included, is deliver_staged's).
+  uint32_t v = 0;
+  if (!take_reserve(t, holder_id(), generation_, &v)) return Leaf::kNotHandled;
+  const uint32_t ts = t->qp_state.load(std::memory_order_seq_cst);
+  const uint32_t sn = t->rx_staged_next.load(std::memory_order_relaxed);
+  RingHandle h{};
+  layout::RecvWqeHeader hd;
+  layout::WireSge g;
+  Remote r;
+  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || !rc.ring.published_at(sn, &h) ||
+      (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
+      g.length < len ||
+      !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r)) {
+    take_end(t, v);
+    return Leaf::kNotHandled;
+  }
+
+  // The StagedCqe (layout.h), written into the reserved slot in seven 8-byte
+  // stores: pos | data 0-3, status | data 4-7, data 8-11 | byte_len,
+  // imm_data | qp_num, src_qp | wc_flags, (pkey_index, slid, sl,
+  // dlid_path_bits, flags, kind), data 12-19 (16-19 zero).
+  uint64_t lo, hi;
+  load_small(static_cast<const uint8_t*>(src), len, &lo, &hi);
+  const bool solicited = wr.send_flags & IBV_SEND_SOLICITED;
+  static_assert(offsetof(layout::StagedCqe, data0) == 4 && offsetof(layout::StagedCqe, data1) == 12 &&
+                offsetof(layout::StagedCqe, byte_len) == 20 && offsetof(layout::StagedCqe, imm_data) == 24 &&
+                offsetof(layout::StagedCqe, src_qp) == 32 && offsetof(layout::StagedCqe, pkey_index) == 40 &&
+                offsetof(layout::StagedCqe, slid) == 42 && offsetof(layout::StagedCqe, flags) == 46 &&
+                offsetof(layout::StagedCqe, data2) == 48 && sizeof(layout::StagedCqe) == 56 &&
+                __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
+  const auto fill = [&](std::byte* d) __attribute__((always_inline)) {
+    const bool imm = op == IBV_WR_SEND_WITH_IMM;
+    const uint64_t slid = static_cast<uint16_t>(qp->tgt.slid);
+    const auto put = [d](int i, uint64_t w) __attribute__((always_inline)) { std::memcpy(d + 8 * i, &w, 8); };
+    put(0, uint64_t{sn} | lo << 32);
+    put(1, uint64_t{layout::kStagedStatus} | (lo >> 32) << 32);
+    put(2, (hi & 0xffffffffu) | uint64_t{len} << 32);
+    put(3, (imm ? uint64_t{wr.imm_data} : 0) | uint64_t{t->qpn} << 32);
+    put(4, uint64_t{qp->qpn} | (imm ? uint64_t{IBV_WC_WITH_IMM} << 32 : 0));
+    put(5, slid << 16 | uint64_t{solicited} << 48 | uint64_t{layout::kStagedInline} << 56);
+    put(6, hi >> 32);
+    static_assert(layout::kCqeSolicited == 1);
+  };
+  const cqpush::Fast f = cqpush::push_common_with(peer, ce, &qp->target_cq_cache, solicited, fill);
+  if (f == cqpush::Fast::kFallback) [[unlikely]] {
+    take_end(t, v);  // nothing was published
+    return Leaf::kNotHandled;
+  }
+  if (f == cqpush::Fast::kArmed) [[unlikely]]
+    send_leaf_armed_peer(peer, qp, cq_index, ce, solicited);
+  // push_staged: the promise, the record ends; the next slot.
+  t->rx_staged_next.store(sn + 1, std::memory_order_relaxed);
+  take_done(t, v);
+  __builtin_prefetch(rc.ring.slot_address(sn + 1), 0);
+
+  // Counters: packets and bytes both ways, the send, the receive (sent_rc,
+  // recv_done).
+  if (std::atomic<uint64_t>* l = count::fast_groups(qp)) [[likely]] {
+    count::sent_small_send(qp, l, len);
+  } else {
+    count::sent_rc(cnt_, qp, op, len);
+    count::recv_done(cnt_, qp, t, peer.device);
+  }
+  qp->sq_tail = qp->sq_exec = tail + 1;
+  if (!signaled) return Leaf::kDone;
+  return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
+}
+
+LocalContext::Leaf LocalContext::send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
+  uint32_t len;
+  const void* src = leaf_source(qp, wr, &len);
+  if (!src || !qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
+  const Leaf r = send_leaf_locked(qp, wr, src, len);
+  qp->sq_lock.unlock_owner();
+  return r;
+}
+
+// send_leaf's receive completion went into a CQ armed for it: its channel
+// gets the token (push_peer_cqe_rest, as push_staged's push; the arming
+// looks only at whether the CQE is solicited or an error).
+void LocalContext::send_leaf_armed_peer(const Peer& peer, Qp* qp, uint32_t cq_index, layout::CqEntry* e,
+                                        bool solicited) noexcept {
+  layout::Cqe c{};
+  c.status = layout::kStagedStatus;
+  c.flags = solicited ? layout::kCqeSolicited : 0;
+  (void)push_peer_cqe_rest(peer, cq_index, c, &qp->target_cq_cache, e, static_cast<int>(cqpush::Fast::kArmed));
+}
+
 void LocalContext::stash_staged(Qp* qp) noexcept {
   if ((qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) || qp->srq != layout::kNoIndex || !qp->rq.attached())
     return;

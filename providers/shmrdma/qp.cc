@@ -141,16 +141,18 @@ int general_post(void* arg, const ibv_send_wr* wr) noexcept {
   return enqueue_general(ibqp, to_ctx(ibqp->context)->core, to_qp(ibqp)->core, wr);
 }
 
-// post_send's single WRITE: write_leaf, else the list's way. The context and
-// the QP are looked up again after write_leaf (two loads each) rather than
-// kept, so only the three arguments live across the call; and a call of its
-// own, so that post_send's other WRs do not pay for this one's frame.
-[[gnu::noinline]] int post_write(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+// post_send's single WRITE or SEND: the leaf (write_leaf, send_leaf), else
+// the list's way. The context and the QP are looked up again after the leaf
+// (two loads each) rather than kept, so only the three arguments live across
+// the call; and a call of its own, so that post_send's other WRs do not pay
+// for this one's frame.
+template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noexcept>
+[[gnu::noinline]] int post_leaf(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   using Leaf = LocalContext::Leaf;
-  const Leaf r = to_ctx(ibqp->context)->core->write_leaf(to_qp(ibqp)->core, *wr);
+  const Leaf r = (to_ctx(ibqp->context)->core->*leaf)(to_qp(ibqp)->core, *wr);
   if (r == Leaf::kDone) [[likely]]
     return 0;
-  if (r == Leaf::kArmed) return to_ctx(ibqp->context)->core->write_leaf_armed(to_qp(ibqp)->core);
+  if (r == Leaf::kArmed) return to_ctx(ibqp->context)->core->leaf_armed(to_qp(ibqp)->core);
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }
 
@@ -161,9 +163,14 @@ int general_post(void* arg, const ibv_send_wr* wr) noexcept {
 // rest is converted here (enqueue_general) and executed by progress() after
 // the list.
 //
-// A single WRITE is offered to LocalContext::write_leaf first (post_write).
+// A single small WRITE or SEND is offered to LocalContext::write_leaf or
+// send_leaf first (post_leaf).
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  if (LocalContext::leaf_shape(wr)) return post_write(ibqp, wr, bad_wr);
+  if (wr && !wr->next) [[likely]] {
+    if (wr->opcode == IBV_WR_RDMA_WRITE) return post_leaf<&LocalContext::write_leaf>(ibqp, wr, bad_wr);
+    if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM)
+      return post_leaf<&LocalContext::send_leaf>(ibqp, wr, bad_wr);
+  }
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }
 

@@ -15,14 +15,20 @@
 //     on the wire (the sender's REM_INV_REQ_ERR, the receiver's LOC_LEN_ERR);
 //   - destroy: a QP destroyed with staged completions in its CQ: the CQ
 //     hands out nothing that is not a real completion, and a new QP carries
-//     traffic at once.
+//     traffic at once;
+//   - sizes: every length from 1 to 17 bytes, from a registered buffer and
+//     inline, with and without immediate data (the sender's smallest SENDs
+//     take their own path, up to 16 bytes); the last one solicited into the
+//     receiver's CQ armed for solicited events, whose channel gets the event.
 // Each runs again with SHMRDMA_STAGED_SEND=0 (every SEND takes the WQE
 // itself), which must give the same results.
 //
 // As a gtest it starts `dp_staged --worker owner|peer` connected by a
 // socketpair on fd 3. The owner receives; the peer sends on command:
-//   postall K | reap K | burst K | one LEN | reconnect | newqp QPN | quit
+//   postall K | reap K | burst K | one LEN | sizes FIRST K | reconnect |
+//   newqp QPN | quit
 #include <arpa/inet.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
 
@@ -56,6 +62,10 @@ uint32_t msg_len(int i) { return kSizes[i % 10]; }
 bool msg_imm(int i) { return i % 3 == 2; }
 uint32_t msg_imm_value(int i) { return htonl(0x1000u + static_cast<uint32_t>(i)); }
 uint8_t pattern(int i, size_t j) { return static_cast<uint8_t>(i * 31 + j * 7 + 1); }
+// The sizes scenario's message i: 1 to 17 bytes, inline in every other
+// round of 17; the last of a command's messages is solicited.
+uint32_t size_len(int i) { return 1 + static_cast<uint32_t>(i % 17); }
+bool size_inline(int i) { return (i / 17) % 2 == 1; }
 
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
   return harness::connect_qp(qp, peer.qpn, peer.lid, kQpAccess) == 0;
@@ -72,7 +82,14 @@ int run_peer() {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
   if (!cq) die("pd/cq");
-  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, kMaxMsgs, 4);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = kMaxMsgs;
+  ia.cap.max_recv_wr = 4;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = 64;
+  ibv_qp* qp = ibv_create_qp(pd, &ia);
   if (!qp) die("ibv_create_qp");
   uint8_t* buf = harness::map_buf(kLen);
   ibv_mr* mr = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
@@ -80,7 +97,7 @@ int run_peer() {
   Hello owner = harness::exchange_hello(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
   harness::LineReader ctl(harness::kCtlFd);
-  auto post = [&](int i, uint32_t len) {
+  auto post = [&](int i, uint32_t len, unsigned flags = 0) {
     uint8_t* p = buf + static_cast<size_t>(i % kMaxMsgs) * kSlot;
     for (size_t j = 0; j < len; ++j) p[j] = pattern(i, j);
     ibv_sge s{reinterpret_cast<uintptr_t>(p), len, mr->lkey};
@@ -88,7 +105,7 @@ int run_peer() {
     wr.wr_id = static_cast<uint64_t>(i);
     wr.opcode = msg_imm(i) ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
     wr.imm_data = msg_imm_value(i);
-    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.send_flags = IBV_SEND_SIGNALED | flags;
     wr.sg_list = &s;
     wr.num_sge = 1;
     ibv_send_wr* bad = nullptr;
@@ -96,12 +113,12 @@ int run_peer() {
   };
   // Polls k send completions: 0 when each succeeded in order, else the
   // first bad status (or 2000 for a wrong wr_id).
-  auto reap = [&](int k) {
+  auto reap = [&](int k, int first = 0) {
     int first_bad = 0;
-    for (int i = 0; i < k; ++i) {
+    for (int i = first; i < first + k; ++i) {
       ibv_wc wc{};
       int st = harness::poll_status(cq, &wc, 10000);
-      if (st == IBV_WC_SUCCESS && wc.wr_id != static_cast<uint64_t>(i)) st = 2000;
+      if (st == IBV_WC_SUCCESS && (wc.wr_id != static_cast<uint64_t>(i) || wc.opcode != IBV_WC_SEND)) st = 2000;
       if (st != IBV_WC_SUCCESS && !first_bad) first_bad = st;
       if (st == -1) break;  // none within the timeout
     }
@@ -124,6 +141,15 @@ int run_peer() {
       st = reap(k);
     } else if (cmd == "one") {  // message 0's pattern, k bytes
       st = post(0, static_cast<uint32_t>(k)) ? 1000 : reap(1);
+    } else if (cmd == "sizes") {  // messages k .. k+n-1 of the sizes scenario
+      int n = 0;
+      in >> n;
+      if (k < 0 || n < 1 || n > kMaxMsgs) die("bad command %s", line.c_str());
+      for (int i = k; i < k + n && !st; ++i) {
+        const unsigned flags = (size_inline(i) ? IBV_SEND_INLINE : 0) | (i == k + n - 1 ? IBV_SEND_SOLICITED : 0);
+        st = post(i, size_len(i), flags) ? 1000 : 0;
+      }
+      if (!st) st = reap(n, k);
     } else if (cmd == "reconnect") {
       st = reconnect(qp, owner) ? 0 : 1;
     } else if (cmd == "newqp") {
@@ -146,6 +172,7 @@ int run_peer() {
 
 struct Owner {
   ibv_context* ctx = nullptr;
+  ibv_comp_channel* channel = nullptr;
   ibv_pd* pd = nullptr;
   ibv_cq* cq = nullptr;
   ibv_qp* qp = nullptr;
@@ -172,14 +199,15 @@ struct Owner {
     ibv_recv_wr* bad = nullptr;
     REQUIRE(ibv_post_recv(qp, &wr, &bad) == 0, "ibv_post_recv %d", k);
   }
-  // The next completion is message i's in receive slot k, intact.
-  void expect_msg(const char* what, int i, int k) {
+  // The next completion is message i's in receive slot k, intact (len: its
+  // length, msg_len(i) unless given).
+  void expect_msg(const char* what, int i, int k, uint32_t len = UINT32_MAX) {
     ibv_wc wc{};
     if (!harness::poll_one(cq, &wc, 5000)) {
       CHECK(false, "%s: no completion for message %d (receive %d)", what, i, k);
       return;
     }
-    const uint32_t len = msg_len(i);
+    if (len == UINT32_MAX) len = msg_len(i);
     CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.wr_id == 100u + static_cast<uint64_t>(k) &&
               wc.byte_len == len && wc.qp_num == qp->qp_num && wc.src_qp == peer.qpn,
           "%s: message %d into receive %d: %s", what, i, k, harness::wc_str(wc).c_str());
@@ -286,13 +314,38 @@ void destroy(Owner& o) {
   o.expect_none("destroy: the new QP");
 }
 
+// Lengths 1-17 (the sender's leaf takes 1-16), registered and inline, in
+// rounds of 16 receives; each round's last message is solicited into the CQ
+// armed for solicited events only, and the channel gets exactly one event.
+void sizes(Owner& o) {
+  constexpr int kRound = kMaxMsgs;
+  for (int first = 0; first < 4 * 17; first += kRound) {
+    for (int k = 0; k < kRound; ++k) o.post_recv(k);
+    REQUIRE(ibv_req_notify_cq(o.cq, 1) == 0, "sizes: arm");
+    CHECK(o.cmd("sizes " + std::to_string(first) + " " + std::to_string(kRound)) == 0, "sizes %d: the sends", first);
+    pollfd pfd{o.channel->fd, POLLIN, 0};
+    CHECK(::poll(&pfd, 1, 5000) == 1, "sizes %d: no event for the solicited message", first);
+    ibv_cq* ecq = nullptr;
+    void* ectx = nullptr;
+    if (pfd.revents & POLLIN) {
+      CHECK(ibv_get_cq_event(o.channel, &ecq, &ectx) == 0 && ecq == o.cq, "sizes %d: the event", first);
+      if (ecq) ibv_ack_cq_events(ecq, 1);
+    }
+    for (int k = 0; k < kRound; ++k) o.expect_msg("sizes", first + k, k, size_len(first + k));
+    o.expect_none("sizes");
+  }
+  pollfd pfd{o.channel->fd, POLLIN, 0};
+  CHECK(::poll(&pfd, 1, 100) == 0, "sizes: one event per arming");
+}
+
 int run_owner() {
   Owner o;
   std::string why;
   o.ctx = harness::open_shm0(&why);
   if (!o.ctx) die("%s", why.c_str());
   o.pd = ibv_alloc_pd(o.ctx);
-  o.cq = o.pd ? ibv_create_cq(o.ctx, 64, nullptr, nullptr, 0) : nullptr;
+  o.channel = ibv_create_comp_channel(o.ctx);
+  o.cq = o.pd && o.channel ? ibv_create_cq(o.ctx, 64, nullptr, o.channel, 0) : nullptr;
   if (!o.cq) die("pd/cq");
   o.qp = harness::create_qp(o.pd, o.cq, IBV_QPT_RC, 4, kMaxMsgs);
   if (!o.qp) die("create_qp");
@@ -307,8 +360,10 @@ int run_owner() {
   if (sel == "reset") reset(o);
   if (sel == "short") short_buffer(o);
   if (sel == "destroy") destroy(o);
+  if (sel == "sizes") sizes(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_dereg_mr(o.mr) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
+  CHECK(ibv_destroy_comp_channel(o.channel) == 0, "channel");
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_close_device(o.ctx) == 0, "close");
   ::munmap(o.buf, kLen);
   std::printf("OWNER done: %d failure(s)\n", harness::check_failures);
@@ -330,7 +385,7 @@ TEST_P(Staged, Pair) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Staged,
-                         ::testing::Combine(::testing::Values("order", "flush", "reset", "short", "destroy"),
+                         ::testing::Combine(::testing::Values("order", "flush", "reset", "short", "destroy", "sizes"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) +
