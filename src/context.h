@@ -400,7 +400,7 @@ class LocalContext {
     return reinterpret_cast<const void*>(m.addr + off);
   }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
-  Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
+  Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   // send_leaf's source: the inline bytes or the SGE (fast_source), when the
   // WR has the shape both leaves take; else nullptr.
   [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len) const noexcept {

@@ -274,15 +274,21 @@ namespace {
 // in a Cqe, copied into a StagedCqe and copied again into the slot; the
 // bytes are loaded into registers (load_small) and go into that completion
 // without a buffer; no Exec or Deliver answers, no status out-parameter.
-[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp, const ibv_send_wr& wr,
-                                                                               const void* src, uint32_t len) noexcept {
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp,
+                                                                               const ibv_send_wr& wr) noexcept {
+  // First what declines a sender that is ahead of its receiver (SENDs
+  // queued behind one that found no receive, an RNR back-off: the general
+  // way, rnr_backing_off), so that such a run of posts pays little here.
   const uint32_t tail = qp->sq_tail;
-  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
+  if (qp->sq_exec != tail || qp->rnr_backoff || tail - qp->sq_retire >= qp->caps.max_send_wr ||
+      qp->state() != IBV_QPS_RTS)
     return Leaf::kNotHandled;
-  // fast_target's hit, without its refresh (check_target); a QP backing off
-  // after an RNR goes the general way (rnr_backing_off).
+  uint32_t len;
+  const void* src = leaf_source(qp, wr, &len);
+  if (!src) return Leaf::kNotHandled;
+  // fast_target's hit, without its refresh (check_target).
   Peer* pp = qp->peer.get();
-  if (!pp || qp->path_by_gid || qp->rnr_backoff) return Leaf::kNotHandled;
+  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
   Peer& peer = *pp;
   layout::QpEntry* t = cached_target(qp, peer);
   const uint32_t op = wr.opcode;
@@ -373,10 +379,8 @@ namespace {
 }
 
 LocalContext::Leaf LocalContext::send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
-  uint32_t len;
-  const void* src = leaf_source(qp, wr, &len);
-  if (!src || !qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
-  const Leaf r = send_leaf_locked(qp, wr, src, len);
+  if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
+  const Leaf r = send_leaf_locked(qp, wr);
   qp->sq_lock.unlock_owner();
   return r;
 }
