@@ -859,9 +859,11 @@ def build_shmrdma(args, notes: list[str]) -> str:
     build = os.path.join(REPO, "build")
     if not args.no_build:
         if not os.path.exists(os.path.join(build, "build.ninja")):
-            log("configuring shmrdma (meson setup build)")
+            # A release build, as scripts/demo.sh sets up the same directory: figures of
+            # meson's default (debugoptimized) would not be the ones users get.
+            log("configuring shmrdma (meson setup build --buildtype=release -Dtests=false)")
             subprocess.run(["bash", os.path.join(REPO, "scripts", "install-deps.sh")], cwd=REPO)
-            subprocess.run(["meson", "setup", "build"], cwd=REPO)
+            subprocess.run(["meson", "setup", "build", "--buildtype=release", "-Dtests=false"], cwd=REPO)
         out = ""
         for attempt in range(3):
             log("building shmrdma (ninja -C build)")
