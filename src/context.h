@@ -401,8 +401,9 @@ class LocalContext {
   }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
-  // send_leaf's source: the inline bytes or the SGE (fast_source), when the
-  // WR has the shape both leaves take; else nullptr.
+  // A leaf's source (write_leaf, send_leaf): the inline bytes or the SGE
+  // (fast_source), when the WR has the shape both take (one SGE of 1 to 16
+  // bytes, RC or UC, inline within max_inline_data); else nullptr.
   [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len) const noexcept {
     const ibv_sge* g = wr.sg_list;
     if (wr.num_sge != 1 || !g || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC)) return nullptr;

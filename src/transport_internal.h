@@ -64,10 +64,15 @@ inline uint32_t wc_opcode(uint32_t wr_opcode) {
   return &cache->ring;
 }
 
+// rq_ring's hit: *cache holds the ring of this geometry in this peer.
+[[gnu::always_inline]] inline bool rq_ring_hit(const Peer& peer, uint64_t offset, uint32_t capacity, uint32_t stride,
+                                               const RingCache& cache) noexcept {
+  return cache.stamp == peer.stamp && cache.offset == offset && cache.capacity == capacity && cache.stride == stride;
+}
+
 [[gnu::always_inline]] inline Ring* rq_ring(const Peer& peer, uint64_t offset, uint64_t bytes, uint32_t capacity,
                                             uint32_t stride, RingCache* cache) noexcept {
-  if (cache->stamp == peer.stamp && cache->offset == offset && cache->capacity == capacity &&
-      cache->stride == stride) [[likely]]
+  if (rq_ring_hit(peer, offset, capacity, stride, *cache)) [[likely]]
     return &cache->ring;
   return rq_ring_miss(peer, offset, bytes, capacity, stride, cache);
 }

@@ -260,9 +260,8 @@ namespace {
 // post_leaf): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
 // (leaf_source: inline, or an SGE our MR table answers) into a QP without
 // an SRQ, staged (kStagedInline), with every cache answering: the target
-// entry, its receive ring and CQ, the receive buffer's key, the counter
-// groups; its queue empty and its send CQ's FIFO with one producer and
-// room. It does what post_send, execute_fast, deliver_staged and
+// entry, its receive ring and CQ, the receive buffer's key; its queue empty,
+// no RNR back-off, and its send CQ's FIFO with one producer and room. It does what post_send, execute_fast, deliver_staged and
 // push_staged do for it, in the same order, and declines (kNotHandled)
 // whenever one of them would do more, before it has changed anything but the
 // take record (reserved and ended again, as deliver_staged does when it hands
@@ -300,9 +299,7 @@ namespace {
   }
   // The target's receive ring as cached (rq_ring's hit) and its receive CQ.
   const RingCache& rc = qp->target_rq_cache;
-  if (rc.stamp != peer.stamp || rc.offset != t->rq_ring_offset || rc.capacity != t->rq_capacity ||
-      rc.stride != t->rq_stride)
-    return Leaf::kNotHandled;
+  if (!rq_ring_hit(peer, t->rq_ring_offset, t->rq_capacity, t->rq_stride, rc)) return Leaf::kNotHandled;
   const uint32_t cq_index = t->recv_cq;
   layout::CqEntry* ce = peer.cq(cq_index);
   if (!ce) return Leaf::kNotHandled;
