@@ -21,12 +21,14 @@ build_only() {
   ninja -C "$dir"
 }
 
+# A phase whose tests fail does not stop the others (a build that fails
+# does): the closing summary counts every phase and repeats what failed.
 run_suite() {
   local dir="$1"; shift
   local suites=()
   while [ $# -gt 0 ] && [ "$1" = "--suite" ]; do suites+=("$1" "$2"); shift 2; done
   build_only "$dir" "$@"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild "${suites[@]}"
+  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild "${suites[@]}" || true
 }
 
 echo "== build and test (debugoptimized): every suite"
@@ -51,23 +53,42 @@ echo "== release build (-O3, tests included): compiles without a warning"
 # GCC at -O3 warns where -O2 does not (-Wrestrict, -Wstringop-*); compiling is
 # enough, the suites above ran the code.
 build_only build-release --buildtype=release
-# One plain closing line over every suite that ran.
+# The close, over every suite that ran: what each failed test said (its
+# GoogleTest failure messages, or the end of its output), last, so that a
+# log's tail holds it; then one plain line of counts.
 python3 - build-test build-asan build-tsan <<'PY'
-import json, sys
+import json, re, sys
 passed = failed = skipped = 0
+said = []
 for d in sys.argv[1:]:
     try:
         lines = open(f"{d}/meson-logs/testlog.json").read().splitlines()
     except OSError:
         continue
     for line in lines:
-        r = json.loads(line).get("result")
+        t = json.loads(line)
+        r = t.get("result")
         if r in ("OK", "EXPECTEDFAIL"):
             passed += 1
         elif r == "SKIP":
             skipped += 1
         else:
             failed += 1
+            out = (t.get("stdout") or "").splitlines()
+            keep, take = [], 0
+            for ln in out:  # from each "file:line: Failure" to the end of its test
+                if re.search(r":\d+: Failure$", ln) or ln.startswith("[  FAILED  ]"):
+                    take = 40
+                elif ln.startswith(("[ RUN", "[       OK ]")):
+                    take = 0
+                if take:
+                    keep.append(ln)
+                    take -= 1
+            said.append(f"== {d}: {t.get('name')}: {r}")
+            said += (keep or out[-25:])[:160]
+if said:
+    print("== what the failed tests said")
+    print("\n".join(said))
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)
 PY
