@@ -146,6 +146,7 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
   const uint32_t slid = registry_.device().ports[std::max<uint32_t>(qp->attr.port_num, 1) - 1].lid;
   qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, slid};
+  qp->set_leaf_off(Qp::kLeafNoSend, qp->path_by_gid || !may_stage(IBV_WR_SEND, t));
   return t;
 }
 
@@ -330,6 +331,8 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
     r = execute_fast(qp, wr, total, inl, &status);  // counts what it executed (count::sent_rc)
     if (r == Exec::kDone) [[likely]] {
       qp->sq_tail = qp->sq_exec = tail + 1;
+      if (qp->leaf_off.load(std::memory_order_relaxed) & Qp::kLeafQueued) [[unlikely]]
+        qp->set_leaf_off(Qp::kLeafQueued, false);  // the queue is empty again: the leaves may take the next
       if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
         complete_send(qp, wr.wr_id, op, total, IBV_WC_SUCCESS);
         qp->sq_retire = qp->sq_exec;  // a signaled completion retires every earlier WQE
@@ -373,6 +376,7 @@ void LocalContext::queue_locked(Qp* qp, const ibv_send_wr& wr, uint64_t total, b
   }
   qp->sq_tail += 1;
   progress_locked(qp);
+  qp->set_leaf_off(Qp::kLeafQueued, qp->sq_exec != qp->sq_tail || qp->rnr_backoff);
 }
 
 // post_send_list's single WR that post_send did not finish (rc: its answer):

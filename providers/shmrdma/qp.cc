@@ -167,8 +167,10 @@ template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noex
 // send_leaf first (post_leaf).
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   if (wr && !wr->next) [[likely]] {
-    if (wr->opcode == IBV_WR_RDMA_WRITE) return post_leaf<&LocalContext::write_leaf>(ibqp, wr, bad_wr);
-    if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM)
+    const uint8_t off = to_qp(ibqp)->core->leaf_off.load(std::memory_order_relaxed);  // Qp::leaf_off
+    if (wr->opcode == IBV_WR_RDMA_WRITE && !(off & Qp::kLeafQueued))
+      return post_leaf<&LocalContext::write_leaf>(ibqp, wr, bad_wr);
+    if ((wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) && !off)
       return post_leaf<&LocalContext::send_leaf>(ibqp, wr, bad_wr);
   }
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
