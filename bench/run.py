@@ -1452,6 +1452,10 @@ def parse_args(argv):
                          "(5%%) meanwhile")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                     help="first wait up to SECONDS for the 1-minute load average to fall below half the CPUs")
+    ap.add_argument("--wait-near", type=float, default=0, metavar="SECONDS",
+                    help="before each round, probe the cache-line hand-off again every 2 s, up to SECONDS, until "
+                         "it is near (at most --near-max-ns): the vCPUs' placement flips on its own, and the "
+                         "targets are judged on near rounds (a round is still classed by its probes)")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every pair's timeout")
     ap.add_argument("--host", default="localhost", help="server host name the clients use (localhost)")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"), help="output directory (bench/results)")
@@ -1560,7 +1564,9 @@ def main(argv=None) -> int:
         f", env {' '.join(args.shmrdma_env)}" if args.shmrdma_env else "")
     report.meta["mode"] = (f"{'quick' if args.quick else 'default'}: {args.rounds} round(s), server on CPU "
                            f"{args.cpus.split(',')[0]}, client on CPU {args.cpus.split(',')[1]}, "
-                           + ("SCHED_FIFO (chrt -f 1)" if args.rt else f"nice {args.nice}"))
+                           + ("SCHED_FIFO (chrt -f 1)" if args.rt else f"nice {args.nice}")
+                           + (f", each round waited up to {fmt(args.wait_near)} s for a near probe (--wait-near)"
+                              if args.wait_near > 0 else ""))
     if args.wait_idle > 0:
         limit = (os.cpu_count() or 2) / 2
         deadline = time.monotonic() + args.wait_idle
@@ -1596,7 +1602,7 @@ def main(argv=None) -> int:
     total = sum(len(keys) for _n, keys in plan.groups) * args.rounds
     done = 0
 
-    def probe_boundary(b: int, full: bool) -> None:
+    def probe_boundary(b: int, full: bool) -> float | None:
         vals, err = run_probe(args, [probes["pingpong"], *args.cpus.split(",")], timeout=30)
         report.probes.append((b, "pingpong", vals, err))
         msg = f"probe {b}: cache-line half RTT {fmt(vals.get('cacheline_halfrtt_ns_median'))} ns"
@@ -1608,10 +1614,22 @@ def main(argv=None) -> int:
             msg += (f", memcpy 1 MiB {fmt(v2.get('memcpy_GBps_1048576'))} GB/s, "
                     f"process_vm_writev 8 B {fmt(v3.get('pvm_write_lat_ns_8'))} ns")
         log(msg)
+        return vals.get("cacheline_halfrtt_ns_median")
+
+    def wait_near(b: int, last: float | None) -> float | None:
+        """--wait-near: probe boundary b again every 2 s until the hand-off is near (at most
+        --near-max-ns) or the wait is over; the last probe is the round's "before" probe."""
+        deadline = time.monotonic() + args.wait_near
+        while (last is None or last > args.near_max_ns) and time.monotonic() < deadline:
+            time.sleep(2)
+            last = probe_boundary(b, False)
+        return last
 
     try:
-        probe_boundary(0, True)
+        last = probe_boundary(0, True)
         for rnd in range(1, args.rounds + 1):
+            if args.wait_near > 0:
+                last = wait_near(rnd - 1, last)
             for gname, keys in plan.groups:
                 for key in keys:
                     spec = plan.specs[key]
@@ -1629,7 +1647,7 @@ def main(argv=None) -> int:
                     if not res.ok and spec.on_shmrdma:
                         # reclaim what the killed processes left behind
                         device("up")
-            probe_boundary(rnd, rnd == args.rounds and not args.quick)
+            last = probe_boundary(rnd, rnd == args.rounds and not args.quick)
             # partial results after every round: an interrupted run still leaves a report
             report.write_csv(os.path.join(args.out, "latest.csv"))
             report.write_md(os.path.join(args.out, "latest.md"))
