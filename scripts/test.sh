@@ -22,13 +22,18 @@ build_only() {
 }
 
 # A phase whose tests fail does not stop the others (a build that fails
-# does): the closing summary counts every phase and repeats what failed.
+# does): the closing summary counts every phase and repeats what failed. A
+# phase whose `meson test` fails is remembered (FAILED_PHASES), so that the
+# run fails even when its log names no failed test.
+FAILED_PHASES=""
 run_suite() {
   local dir="$1"; shift
   local suites=()
   while [ $# -gt 0 ] && [ "$1" = "--suite" ]; do suites+=("$1" "$2"); shift 2; done
   build_only "$dir" "$@"
-  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild "${suites[@]}" || true
+  rm -f "$dir/meson-logs/testlog.json"  # only this run's results count
+  meson test -C "$dir" --print-errorlogs --num-processes 2 --no-rebuild "${suites[@]}" ||
+    FAILED_PHASES="$FAILED_PHASES $dir"
 }
 
 echo "== build and test (debugoptimized): every suite"
@@ -56,15 +61,20 @@ build_only build-release --buildtype=release
 # The close, over every suite that ran: what each failed test said (its
 # GoogleTest failure messages, or the end of its output), last, so that a
 # log's tail holds it; then one plain line of counts.
-python3 - build-test build-asan build-tsan <<'PY'
-import json, re, sys
+FAILED_PHASES="$FAILED_PHASES" python3 - build-test build-asan build-tsan <<'PY'
+import json, os, re, sys
 passed = failed = skipped = 0
 said = []
 for d in sys.argv[1:]:
     try:
         lines = open(f"{d}/meson-logs/testlog.json").read().splitlines()
     except OSError:
-        continue
+        lines = []
+    phase_failed = d in os.environ.get("FAILED_PHASES", "").split()
+    if phase_failed and not any(json.loads(ln).get("result") not in ("OK", "EXPECTEDFAIL", "SKIP")
+                                for ln in lines):
+        failed += 1  # meson test failed, and its log names no failed test
+        said.append(f"== {d}: meson test failed without a failed test in its log (see above)")
     for line in lines:
         t = json.loads(line)
         r = t.get("result")
