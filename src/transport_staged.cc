@@ -261,8 +261,9 @@ namespace {
 // (leaf_source: inline, or an SGE our MR table answers) into a QP without
 // an SRQ, staged (kStagedInline), with every cache answering: the target
 // entry, its receive ring and CQ, the receive buffer's key; its queue empty,
-// no RNR back-off, and its send CQ's FIFO with one producer and room. It does what post_send, execute_fast, deliver_staged and
-// push_staged do for it, in the same order, and declines (kNotHandled)
+// no RNR back-off, and its send CQ's FIFO with one producer and room. It
+// does what post_send, execute_fast, deliver_staged and push_staged do for
+// it, in the same order, and declines (kNotHandled)
 // whenever one of them would do more, before it has changed anything but the
 // take record (reserved and ended again, as deliver_staged does when it hands
 // a message to deliver): then post_send_list takes the WR as before.
