@@ -8,9 +8,12 @@
 #pragma once
 
 #include <emmintrin.h>
+#include <pthread.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -768,6 +771,17 @@ class LocalContext {
   void progress_locked(Qp* qp) noexcept;  // caller holds qp->sq_lock
   void progress_all_slow(uint32_t polls) noexcept;
   void mark_pending(Qp* qp) noexcept;     // caller holds qp->sq_lock
+  // The progress thread (progress_thread.cc): executes waiting sends while
+  // the application makes no verbs call that would (a NIC executes what was
+  // posted without being called again). kick_progress: qps_pending_ went
+  // from 0 to 1 (starts the thread the first time); stop_progress: the
+  // context closes; progress_pending: the thread's pass, progress of every
+  // QP with waiting sends (progress_all_slow's, without what it does for
+  // the attention count and dead peers, which stays with the polls).
+  void kick_progress() noexcept;
+  void stop_progress() noexcept;
+  void progress_pending() noexcept;
+  static void* progress_main(void* self) noexcept;
   // address.cc: the seam of address resolution. Where an address vector
   // leads: the device of the home and its port (1-based), by DLID on
   // InfiniBand, by DGID on Ethernet (RoCE: the GID table of any device of
@@ -859,6 +873,16 @@ class LocalContext {
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
+  // Calls of progress_locked by anyone (a racy count, like polls_): the
+  // progress thread leaves the queues to the application while it changes.
+  std::atomic<uint32_t> progress_calls_{0};
+  // The progress thread's state (progress_thread.cc).
+  std::mutex pt_mu_;
+  std::condition_variable pt_cv_;
+  bool pt_stop_ = false;                  // under pt_mu_
+  std::atomic<bool> pt_sleeping_{false};  // it waits on pt_cv_ for sends to wait (Dekker with mark_pending)
+  std::atomic<pid_t> pt_pid_{0};          // the process that started it (0: none yet)
+  pthread_t pt_thread_{};
   CounterSink cnt_;                       // per-port counters (counters.h); UD drops are counted there
   bool counting_ = false;                 // open() completed: close folds the counts and refreshes sysfs
   uint32_t attention_seen_ = 0;

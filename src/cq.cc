@@ -49,16 +49,9 @@
 
 namespace shmrdma {
 
-namespace {
-
-constexpr uint32_t kCqeStride =
-    static_cast<uint32_t>(layout::align_up(kRingSlotHeaderBytes + sizeof(layout::Cqe), layout::kCacheLine));
-
-// How long a producer waits for the owner's resize, and the owner for the
-// pushes in progress (a producer that died mid-push never finishes).
-constexpr uint64_t kQuiesceWaitNs = 2'000'000'000ull;
-// A blocked ibv_get_cq_event retries waiting sends this often (the
-// transport's timer; progress tokens usually wake it sooner): 2 ms, or
+// A blocked ibv_get_cq_event, and the progress thread (progress_thread.cc),
+// retry waiting sends this often (the transport's timer; progress tokens
+// usually wake a blocked waiter sooner): 2 ms, or
 // SHMRDMA_RETRY_POLL_MS (1 .. 3,600,000; man 7 shmrdma). A long period
 // shows whether a waiter is woken rather than found by the timer (tests).
 int retry_poll_ms() noexcept {
@@ -72,6 +65,14 @@ int retry_poll_ms() noexcept {
   return ms;
 }
 
+namespace {
+
+constexpr uint32_t kCqeStride =
+    static_cast<uint32_t>(layout::align_up(kRingSlotHeaderBytes + sizeof(layout::Cqe), layout::kCacheLine));
+
+// How long a producer waits for the owner's resize, and the owner for the
+// pushes in progress (a producer that died mid-push never finishes).
+constexpr uint64_t kQuiesceWaitNs = 2'000'000'000ull;
 uint64_t mono_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

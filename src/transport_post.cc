@@ -493,9 +493,12 @@ void LocalContext::fail_head(Qp* qp, SendSlot* s, uint32_t status) noexcept {
 }
 
 // Caller holds qp->sq_lock: WQEs are queued that progress_all must drive.
+// The first QP with waiting sends wakes the progress thread (started the
+// first time; progress_thread.cc).
 void LocalContext::mark_pending(Qp* qp) noexcept {
-  if (!qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(1, std::memory_order_relaxed) == 0)
-    qps_pending_.fetch_add(1, std::memory_order_relaxed);
+  if (!qp->sq_pending.load(std::memory_order_relaxed) && qp->sq_pending.exchange(1, std::memory_order_relaxed) == 0 &&
+      qps_pending_.fetch_add(1, std::memory_order_seq_cst) == 0)  // seq_cst: before kick_progress reads pt_sleeping_
+    kick_progress();
 }
 
 void LocalContext::complete_send_shared(Qp* qp, uint64_t wr_id, uint32_t opcode, uint32_t byte_len,
@@ -612,6 +615,7 @@ void LocalContext::progress(Qp* qp) noexcept {
 // WQE has to wait. Caller holds qp->sq_lock. sq_pending (and the context's
 // qps_pending_) says whether WQEs are left for progress_all to drive.
 void LocalContext::progress_locked(Qp* qp) noexcept {
+  progress_calls_.store(progress_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   while (qp->sq_exec != qp->sq_tail) {
     uint32_t st = qp->state();
     if (st == IBV_QPS_ERR) {

@@ -6,13 +6,16 @@
 //   - ibv_rereg_mr: access, PD and translation changes seen by the peer's very
 //     next operation, rights added and removed, with the key the MR holds;
 //   - QP reuse: both QPs of a pair go to ERR and back through RESET, INIT,
-//     RTR and RTS and then carry traffic like new ones, in both directions.
+//     RTR and RTS and then carry traffic like new ones, in both directions;
+//   - sends that had to wait (RNR) execute once they can, while their
+//     initiator makes no verbs call at all, as on a NIC.
 //
 // As a gtest it starts `dp_contract --worker owner|peer` connected by a
 // socketpair on fd 3. The peer executes commands on its RC QP and answers
 // with the completion status (and a hash of the bytes):
 //   write RKEY ADDR LEN BYTE | read RKEY ADDR LEN | send LEN BYTE |
-//   recv LEN | err | reconnect | quit
+//   recv LEN | err | reconnect | sendasync LEN BYTE | wait |
+//   stalled RKEY ADDR BYTE | quit
 // After an error completion of write/read/send the peer moves its QP through
 // RESET to RTS again by itself (the owner's QP stays in RTS).
 #include <infiniband/verbs.h>
@@ -21,12 +24,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <ctime>
 #include <cstdarg>
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "home.h"
@@ -127,6 +132,31 @@ int run_peer() {
       if (len > kLen) die("bad command %s", line.c_str());
       for (size_t i = 0; i < len; ++i) buf[i] = static_cast<uint8_t>(byte + i);
       std::snprintf(reply, sizeof reply, "%d 0", post_send(qp, buf, static_cast<uint32_t>(len), mr->lkey, 9));
+      if (!ctl.send_line(reply)) die("reply");
+      continue;
+    }
+    if (cmd == "stalled") {
+      // A signaled SEND of 8 bytes (wr_id 9: "wait" polls it), then an
+      // unsignaled WRITE of the one byte BYTE to ADDR, answered at once;
+      // then nothing but the wait for the next command on the socket.
+      uint32_t rkey = 0;
+      uint64_t addr = 0;
+      unsigned byte = 0;
+      in >> rkey >> addr >> byte;
+      for (size_t i = 0; i < 8; ++i) buf[i] = static_cast<uint8_t>(0xa0 + i);
+      buf[64] = static_cast<uint8_t>(byte);
+      const int rs = post_send(qp, buf, 8, mr->lkey, 9);
+      ibv_sge s{reinterpret_cast<uintptr_t>(buf + 64), 1, mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = 10;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      wr.wr.rdma.remote_addr = addr;
+      wr.wr.rdma.rkey = rkey;
+      ibv_send_wr* bad = nullptr;
+      const int rw = ibv_post_send(qp, &wr, &bad);
+      std::snprintf(reply, sizeof reply, "%d %d", rs ? 1000 + rs : 0, rw);
       if (!ctl.send_line(reply)) die("reply");
       continue;
     }
@@ -489,6 +519,36 @@ uint64_t wall_ns() {
 // Completion timestamps: receive completions stamped by the peer (the
 // producer), send completions by the owner, both in the device clock of
 // ibv_query_rt_values_ex and in wall-clock ns.
+// The peer's SEND finds no receive (RNR, retried for ever) and its WRITE
+// queues behind it; then the peer waits on its control socket, making no
+// verbs call. Once the owner posts a receive, both must execute by
+// themselves: the owner spins on the WRITE's byte without polling either.
+void unattended(Owner& o) {
+  uint8_t* buf = map_buf(kLen);
+  ibv_mr* mr = ibv_reg_mr(o.pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) die("reg_mr");
+  volatile uint8_t* flag = buf + 4096;
+  *flag = 0;
+  const std::string c = "stalled " + std::to_string(mr->rkey) + " " +
+                        std::to_string(reinterpret_cast<uintptr_t>(buf + 4096)) + " 77";
+  CHECK(o.cmd(c) == 0, "the peer posts a SEND and a WRITE");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(*flag == 0, "the WRITE executed before the SEND it was posted after (no receive yet)");
+  CHECK(post_recv(o.qp, buf, 64, mr->lkey, 55) == 0, "post_recv");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (*flag != 77 && std::chrono::steady_clock::now() < until) {
+  }
+  CHECK(*flag == 77, "the WRITE did not arrive within 10 s of the receive while its initiator made no verbs call");
+  ibv_wc wc{};
+  CHECK(poll_status(o.cq, &wc) == IBV_WC_SUCCESS && wc.wr_id == 55 && wc.byte_len == 8, "the receive: %s",
+        harness::wc_str(wc).c_str());
+  for (size_t i = 0; i < 8; ++i) CHECK(buf[i] == 0xa0 + i, "byte %zu of the SEND", i);
+  CHECK(o.cmd("wait") == IBV_WC_SUCCESS, "the peer's SEND completed");
+  CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
+  ::munmap(buf, kLen);
+  std::printf("unattended: done\n");
+}
+
 void timestamps(Owner& o) {
   ibv_device_attr_ex dx{};
   CHECK(ibv_query_device_ex(o.ctx, nullptr, &dx) == 0, "query_device_ex");
@@ -973,6 +1033,7 @@ int run_owner() {
   if (sel.empty() || sel == "odp") on_demand(o);
   if (sel.empty() || sel == "parent") parent_domains(o);
   if (sel.empty() || sel == "timestamps") timestamps(o);
+  if (sel.empty() || sel == "unattended") unattended(o);
   CHECK(o.ctl.send_line("quit"), "quit");
   CHECK(ibv_destroy_qp(o.qp) == 0 && ibv_destroy_cq(o.cq) == 0, "destroy");
   CHECK(ibv_dealloc_pd(o.pd) == 0 && ibv_dealloc_pd(o.pd2) == 0, "dealloc_pd");
@@ -1015,6 +1076,11 @@ TEST(Contract, OnDemandPaging) {
 TEST(Contract, ParentDomains) {
   HARNESS_REQUIRE_DEVICE();
   run_pair("parent");
+}
+
+TEST(Contract, WaitingSendsExecuteWithoutVerbsCalls) {
+  HARNESS_REQUIRE_DEVICE();
+  run_pair("unattended");
 }
 
 TEST(Contract, CompletionTimestamps) {
