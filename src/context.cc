@@ -96,7 +96,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
 }
 
 LocalContext::~LocalContext() {
-  stop_progress();   // first: the thread runs progress_all on this context
+  stop_progress();   // first: the progress thread runs progress_pending on this context
   close_channels();  // cq.cc: channel FIFOs the application did not destroy
   for (const CqState& c : cqs_)
     if (c.live) LocalCq::destroy(c.info.local);  // CQs the application did not destroy

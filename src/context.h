@@ -131,6 +131,11 @@ struct StashedWqe {
   layout::WireSge sge[limits::kMaxSge];
 };
 
+// How often, in ms, waiting sends are retried by a blocked
+// ibv_get_cq_event and by the progress thread: SHMRDMA_RETRY_POLL_MS, 2 by
+// default (cq.cc).
+int retry_poll_ms() noexcept;
+
 class LocalContext {
  public:
   // Default size of the heap that holds a context's rings. The file is

@@ -73,6 +73,7 @@ constexpr uint32_t kCqeStride =
 // How long a producer waits for the owner's resize, and the owner for the
 // pushes in progress (a producer that died mid-push never finishes).
 constexpr uint64_t kQuiesceWaitNs = 2'000'000'000ull;
+
 uint64_t mono_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);

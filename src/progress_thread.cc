@@ -21,8 +21,8 @@
 // thread holds from its look until it waits). An awake thread costs
 // mark_pending one load. A fork child does not have its parent's thread and
 // starts none (pt_pid_ names the parent): its own calls drive its queues.
-// ~LocalContext stops and joins it first, so it never runs progress_all on
-// a context being torn down.
+// ~LocalContext stops and joins it first, so it never runs progress_pending
+// on a context being torn down.
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,8 +31,6 @@
 #include "context.h"
 
 namespace shmrdma {
-
-int retry_poll_ms() noexcept;  // cq.cc
 
 void LocalContext::kick_progress() noexcept {
   const pid_t started = pt_pid_.load(std::memory_order_acquire);

@@ -516,9 +516,6 @@ uint64_t wall_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// Completion timestamps: receive completions stamped by the peer (the
-// producer), send completions by the owner, both in the device clock of
-// ibv_query_rt_values_ex and in wall-clock ns.
 // The peer's SEND finds no receive (RNR, retried for ever) and its WRITE
 // queues behind it; then the peer waits on its control socket, making no
 // verbs call. Once the owner posts a receive, both must execute by
@@ -549,6 +546,9 @@ void unattended(Owner& o) {
   std::printf("unattended: done\n");
 }
 
+// Completion timestamps: receive completions stamped by the peer (the
+// producer), send completions by the owner, both in the device clock of
+// ibv_query_rt_values_ex and in wall-clock ns.
 void timestamps(Owner& o) {
   ibv_device_attr_ex dx{};
   CHECK(ibv_query_device_ex(o.ctx, nullptr, &dx) == 0, "query_device_ex");
