@@ -1047,8 +1047,12 @@ class Report:
     # ---- floors ----
     def floor_value(self, row: Row, rnd: int | None = None) -> tuple[float | None, str]:
         """The row's floor: over the whole run, or (rnd) for one round, whose
-        cache-line hand-off is the mean of the probes before and after it."""
-        cl = median(self.probe_values("cacheline_halfrtt_ns_median"))
+        cache-line hand-off is the mean of the probes before and after it.
+        The run's hand-off is the median of the rounds' boundary probes (the
+        last probe at each boundary), not of every probe: --wait-near probes
+        a far placement again and again until it turns near, and those far
+        probes stand for no round."""
+        cl = median(list(self.boundary_pingpong().values()))
         if rnd is not None:
             pp = self.boundary_pingpong()
             around = [pp[b] for b in (rnd - 1, rnd) if b in pp]
@@ -1514,7 +1518,10 @@ def draw_png(report: Report, csv_path: str, png_path: str) -> None:
 
 
 def redraw(args, command: str) -> int:
-    plan = Plan(args.quick, "shmrdma", [t.strip() for t in args.ucx_tls.split(",") if t.strip()], args.host)
+    # The MPI rows exist only with the probe's path; nothing runs here, so
+    # its usual place stands in (without it the redrawn report lost them).
+    plan = Plan(args.quick, "shmrdma", [t.strip() for t in args.ucx_tls.split(",") if t.strip()], args.host,
+                os.path.join(PROBES_BIN, "mpi_pingpong"))
     if args.only:
         plan.restrict(args.only)
     report = Report(args, plan, command)
