@@ -392,6 +392,8 @@ class LocalContext {
                      void* arg) noexcept;
   [[gnu::noinline]] Leaf write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
   [[gnu::noinline]] Leaf send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // The single small SEND into a QP with an SRQ (transport_take.cc).
+  [[gnu::noinline]] Leaf srq_send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_armed(Qp* qp) noexcept;
   // The post's source SGE checked against our MR table in one word
   // (MrState::fast_match: live, an MR, not on-demand, this lkey and the QP's
@@ -409,9 +411,11 @@ class LocalContext {
   }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
-  // A leaf's source (write_leaf, send_leaf): the inline bytes or the SGE
-  // (fast_source), when the WR has the shape both take (one SGE of 1 to 16
-  // bytes, RC or UC, inline within max_inline_data); else nullptr.
+  Leaf srq_send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // A leaf's source (write_leaf, send_leaf, srq_send_leaf): the inline
+  // bytes or the SGE (fast_source), when the WR has the shape they all take
+  // (one SGE of 1 to 16 bytes, RC or UC, inline within max_inline_data);
+  // else nullptr.
   [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len) const noexcept {
     const ibv_sge* g = wr.sg_list;
     if (wr.num_sge != 1 || !g || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC)) return nullptr;

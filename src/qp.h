@@ -177,14 +177,15 @@ struct Qp {
   uint32_t sq_retire = 0, sq_exec = 0, sq_tail = 0;
   std::atomic<uint32_t> sq_pending{0};  // WQEs posted but not executed (for progress from poll)
   // What the provider reads, without the lock, before it offers a WR to a
-  // leaf (write_leaf, send_leaf): a hint only (each leaf checks it all again
-  // under sq_lock); written under sq_lock. kLeafQueued: the last post left
+  // leaf (write_leaf, send_leaf, srq_send_leaf): a hint only (each leaf
+  // checks it all again under sq_lock); written under sq_lock. kLeafQueued: the last post left
   // WQEs queued or an RNR back-off (a sender ahead of its receiver: the
   // leaves would decline, so the next post goes the general way, and a post
   // that finds the queue empty again clears it). kLeafNoSend: check_target
-  // found the target one send_leaf never takes (an SRQ, no staging, a
-  // RoCE path).
-  static constexpr uint8_t kLeafQueued = 1, kLeafNoSend = 2;
+  // found the target one no SEND leaf takes (no staging without an SRQ, a
+  // RoCE path). kLeafSrq: the target has an SRQ, so the SEND leaf is
+  // srq_send_leaf, not send_leaf.
+  static constexpr uint8_t kLeafQueued = 1, kLeafNoSend = 2, kLeafSrq = 4;
   std::atomic<uint8_t> leaf_off{0};
   void set_leaf_off(uint8_t bit, bool on) noexcept {
     const uint8_t v = leaf_off.load(std::memory_order_relaxed);

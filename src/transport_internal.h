@@ -267,11 +267,27 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   rc.wtag = uint64_t{rc.key} << 32 | sn.pd;
 }
 
-// A leaf's (write_leaf, send_leaf) signaled success, WQE tail of qp, into
-// the slot its check looked at (peek_single: one producer, under our
-// sq_lock, so still the one at the FIFO's tail, still free). No fence
-// (complete_send, local_cq.h); a success qualifies for a next-completion
-// arming only: kArmed, and the caller fires it (leaf_armed).
+// What the SEND leaves (send_leaf, srq_send_leaf) require of qp's send
+// queue at tail: empty (nothing queued ahead of the WR), no RNR back-off
+// (declined first, so that a sender ahead of its receiver pays little
+// here), room for the WR, RTS.
+[[gnu::always_inline]] inline bool send_leaf_queue_ready(const Qp* qp, uint32_t tail) noexcept {
+  return qp->sq_exec == tail && !qp->rnr_backoff && tail - qp->sq_retire < qp->caps.max_send_wr &&
+         qp->state() == IBV_QPS_RTS;
+}
+
+// Whether a leaf's signaled WR has the slot leaf_complete writes: its send
+// CQ's FIFO with one producer and room (peek_single).
+[[gnu::always_inline]] inline bool leaf_completion_ready(const Qp* qp) noexcept {
+  uint32_t pos;
+  return qp->send_local && qp->send_local->peek_single(&pos);
+}
+
+// A leaf's (write_leaf, send_leaf, srq_send_leaf) signaled success, WQE
+// tail of qp, into the slot its check looked at (peek_single: one producer,
+// under our sq_lock, so still the one at the FIFO's tail, still free). No
+// fence (complete_send, local_cq.h); a success qualifies for a
+// next-completion arming only: kArmed, and the caller fires it (leaf_armed).
 [[gnu::always_inline]] inline LocalContext::Leaf leaf_complete(Qp* qp, uint64_t wr_id, uint32_t wc_opcode,
                                                                uint32_t tail) noexcept {
   LocalCq* l = qp->send_local;

@@ -146,7 +146,11 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
   const uint32_t slid = registry_.device().ports[std::max<uint32_t>(qp->attr.port_num, 1) - 1].lid;
   qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, slid};
-  qp->set_leaf_off(Qp::kLeafNoSend, qp->path_by_gid || !may_stage(IBV_WR_SEND, t));
+  // The SEND leaf: send_leaf for a target without an SRQ whose SENDs stage,
+  // srq_send_leaf for one with an SRQ; none on a RoCE path.
+  const bool srq = t->srq_index != layout::kNoIndex;
+  qp->set_leaf_off(Qp::kLeafNoSend, qp->path_by_gid || (!srq && !may_stage(IBV_WR_SEND, t)));
+  qp->set_leaf_off(Qp::kLeafSrq, srq);
   return t;
 }
 

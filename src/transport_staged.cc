@@ -280,9 +280,7 @@ namespace {
   // queued behind one that found no receive, an RNR back-off: the general
   // way, rnr_backing_off), so that such a run of posts pays little here.
   const uint32_t tail = qp->sq_tail;
-  if (qp->sq_exec != tail || qp->rnr_backoff || tail - qp->sq_retire >= qp->caps.max_send_wr ||
-      qp->state() != IBV_QPS_RTS)
-    return Leaf::kNotHandled;
+  if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
   uint32_t len;
   const void* src = leaf_source(qp, wr, &len);
   if (!src) return Leaf::kNotHandled;
@@ -294,10 +292,7 @@ namespace {
   const uint32_t op = wr.opcode;
   if (!t || !may_stage(op, t)) return Leaf::kNotHandled;
   const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
-  if (signaled) {
-    uint32_t pos;
-    if (!qp->send_local || !qp->send_local->peek_single(&pos)) return Leaf::kNotHandled;
-  }
+  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
   // The target's receive ring as cached (rq_ring's hit) and its receive CQ.
   const RingCache& rc = qp->target_rq_cache;
   if (!rq_ring_hit(peer, t->rq_ring_offset, t->rq_capacity, t->rq_stride, rc)) return Leaf::kNotHandled;

@@ -521,4 +521,170 @@ void LocalContext::push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layou
   (void)push_peer_cqe(*owner, se->cq_index, c);
 }
 
+
+namespace {
+
+// Copies n (0 to 16) bytes without a call (mover.h copy_4_to_16).
+[[gnu::always_inline]] inline void copy_upto16(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
+  if (n >= 4)
+    copy_4_to_16(reinterpret_cast<char*>(d), reinterpret_cast<const char*>(s), n);
+  else
+    for (uint32_t k = 0; k < n; ++k) d[k] = s[k];
+}
+
+}  // namespace
+
+// ibv_post_send's cheapest SEND into a QP with an SRQ (the provider's
+// post_leaf, when check_target found the target's SRQ: Qp::kLeafSrq): one
+// SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP, from one SGE
+// (leaf_source) or inline bytes in two (UCX's active messages: its header,
+// then the payload), with every cache answering: the target entry, the
+// SRQ's ring and the receive buffer's key; its queue empty, no RNR back-off,
+// and its send CQ's FIFO with one producer and room. It does what post_send,
+// execute_fast and deliver do for it, in the same order and with the same
+// receive-take protocol (reserve, announce, claim, hold, release, complete),
+// and declines (kNotHandled) whenever one of them would do more: then
+// post_send_list takes the WR as before.
+//
+// The one difference from deliver: the WQE is read and its buffer checked
+// before the slot is claimed, at the SRQ's consumer position, which is then
+// claimed exactly (Ring::try_claim_at: a CAS from that position). A claimed
+// WQE must be completed, and deliver completes one whose buffer does not
+// hold the message in error; the leaf claims only a WQE it can complete with
+// success, and a claim that finds the position taken declines with nothing
+// claimed. (The slot's bytes cannot change between the read and a claim
+// that succeeds: the owner writes a slot only once it was claimed and
+// released.) After the claim it declines only where deliver returns kBusy
+// (the record or the slot no longer ours), with the same effect.
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::srq_send_leaf_locked(Qp* qp,
+                                                                                   const ibv_send_wr& wr) noexcept {
+  const uint32_t tail = qp->sq_tail;
+  if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
+  // The bytes: one SGE as the other leaves take it, or two inline ones
+  // gathered here (post_send's checks for them: max_send_sge, max_inline_data).
+  uint8_t gathered[16];
+  uint32_t len;
+  const void* src;
+  if (wr.num_sge == 2) {
+    const ibv_sge* g = wr.sg_list;
+    if (!g || !(wr.send_flags & IBV_SEND_INLINE) || qp->caps.max_send_sge < 2 ||
+        (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC))
+      return Leaf::kNotHandled;
+    const uint32_t a = g[0].length, b = g[1].length;
+    len = a + b;
+    if (a > 16 || b > 16 || len - 1 >= 16 || len > qp->caps.max_inline_data) return Leaf::kNotHandled;
+    copy_upto16(gathered, reinterpret_cast<const uint8_t*>(g[0].addr), a);
+    copy_upto16(gathered + a, reinterpret_cast<const uint8_t*>(g[1].addr), b);
+    src = gathered;
+  } else {
+    src = leaf_source(qp, wr, &len);
+    if (!src) return Leaf::kNotHandled;
+  }
+  // fast_target's hit, without its refresh (check_target).
+  Peer* pp = qp->peer.get();
+  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
+  Peer& peer = *pp;
+  layout::QpEntry* t = cached_target(qp, peer);
+  if (!t || !count::fast_groups(qp)) return Leaf::kNotHandled;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
+  // deliver's SRQ, live, and its ring as cached (rq_ring's hit); the
+  // receive CQ.
+  const uint32_t srq_index = t->srq_index;
+  if (srq_index == layout::kNoIndex) return Leaf::kNotHandled;
+  layout::SrqEntry* se = peer.srq(srq_index);
+  if (!se || se->state.load(std::memory_order_acquire) != layout::kLive) return Leaf::kNotHandled;
+  RingCache& rc = qp->target_rq_cache;
+  if (!rq_ring_hit(peer, se->ring_offset, se->capacity, se->slot_stride, rc)) return Leaf::kNotHandled;
+  Ring& rq = rc.ring;
+  static_assert(Ring::kMinStride >= kRingSlotHeaderBytes + sizeof(layout::RecvWqeHeader));
+  if (rq.stride() - kRingSlotHeaderBytes - sizeof(layout::RecvWqeHeader) < sizeof(layout::WireSge))
+    return Leaf::kNotHandled;  // no SGE fits a slot (deliver: rq_max_sge 0)
+  const uint32_t cq_index = t->recv_cq;
+  layout::CqEntry* ce = peer.cq(cq_index);
+  if (!ce) return Leaf::kNotHandled;
+
+  // The record, then the WQE at the consumer position: published, its
+  // first buffer holding the message, ours to write with memcpy.
+  uint32_t v = 0;
+  if (!take_reserve(t, holder_id(), generation_, &v)) return Leaf::kNotHandled;  // deliver handles a busy record
+  qp->busy_take_qpn = 0;
+  const uint32_t pos = rq.consumer_position();
+  RingHandle h{};
+  layout::RecvWqeHeader hd;
+  layout::WireSge g;
+  Remote r;
+  if (!rq.published_at(pos, &h) ||
+      (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
+      g.length < len || !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
+      !r.local) {
+    take_end(t, v);
+    return Leaf::kNotHandled;
+  }
+  // Announced, then claimed exactly (deliver: try_claim_announced).
+  take_announce(t, pos);
+  const RingResult claimed = rq.try_claim_at(pos);
+  if (!claimed) {
+    take_end(t, v);
+    return Leaf::kNotHandled;
+  }
+  uint32_t taken = 0;
+  if (!take_hold(t, v, hd.wr_id, &taken)) {
+    (void)rq.release_cas(claimed.handle);  // discarded with the record, unless already adopted (deliver)
+    return Leaf::kNotHandled;
+  }
+  if (!rq.release_cas(claimed.handle)) {
+    take_end(t, taken);
+    return Leaf::kNotHandled;
+  }
+  // deliver's warm-up of the next slot, and the SRQ limit event.
+  const void* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), pos);
+  __builtin_prefetch(next_slot, 1);
+  warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
+  if (const uint32_t lim = se->limit.load(std::memory_order_relaxed);
+      lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel)) [[unlikely]]
+    peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
+
+  // The bytes (cannot fail: checked above, no overlap with our own), then
+  // the completion as deliver pushes it.
+  if (!move_out_small(r.local, src, len)) {
+    const IoVec l{const_cast<void*>(src), len}, d{r.local, len};
+    (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
+  }
+  const uint32_t op = wr.opcode;
+  layout::Cqe cqe{};
+  cqe.wr_id = hd.wr_id;
+  cqe.status = IBV_WC_SUCCESS;
+  cqe.opcode = IBV_WC_RECV;
+  cqe.byte_len = len;
+  cqe.qp_num = t->qpn;
+  cqe.src_qp = qp->qpn;
+  cqe.slid = static_cast<uint16_t>(qp->tgt.slid);
+  cqe.take_tag = static_cast<uint8_t>(taken >> 2);
+  if (wr.send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
+  if (op == IBV_WR_SEND_WITH_IMM) {
+    cqe.imm_data = wr.imm_data;
+    cqe.wc_flags = IBV_WC_WITH_IMM;
+  }
+  if (take_complete_begin(t, taken)) {
+    const cqpush::Fast f = cqpush::push_common(peer, ce, cqe, &qp->target_cq_cache);
+    if (f != cqpush::Fast::kPushed) [[unlikely]]
+      (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+    take_done(t, taken);
+  }
+  // Counters: packets and bytes both ways, the send, the receive (sent_rc,
+  // recv_done; fast_groups answered above).
+  count::sent_small_send(qp, count::fast_groups(qp), len);
+  qp->sq_tail = qp->sq_exec = tail + 1;
+  if (!signaled) return Leaf::kDone;
+  return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
+}
+
+LocalContext::Leaf LocalContext::srq_send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
+  if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
+  const Leaf r = srq_send_leaf_locked(qp, wr);
+  qp->sq_lock.unlock_owner();
+  return r;
+}
+
 }  // namespace shmrdma

@@ -141,11 +141,11 @@ int general_post(void* arg, const ibv_send_wr* wr) noexcept {
   return enqueue_general(ibqp, to_ctx(ibqp->context)->core, to_qp(ibqp)->core, wr);
 }
 
-// post_send's single WRITE or SEND: the leaf (write_leaf, send_leaf), else
-// the list's way. The context and the QP are looked up again after the leaf
-// (two loads each) rather than kept, so only the three arguments live across
-// the call; and a call of its own, so that post_send's other WRs do not pay
-// for this one's frame.
+// post_send's single WRITE or SEND: the leaf (write_leaf, send_leaf,
+// srq_send_leaf), else the list's way. The context and the QP are looked up
+// again after the leaf (two loads each) rather than kept, so only the three
+// arguments live across the call; and a call of its own, so that
+// post_send's other WRs do not pay for this one's frame.
 template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noexcept>
 [[gnu::noinline]] int post_leaf(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   using Leaf = LocalContext::Leaf;
@@ -163,15 +163,17 @@ template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noex
 // rest is converted here (enqueue_general) and executed by progress() after
 // the list.
 //
-// A single small WRITE or SEND is offered to LocalContext::write_leaf or
-// send_leaf first (post_leaf).
+// A single small WRITE or SEND is offered to LocalContext::write_leaf,
+// send_leaf or srq_send_leaf first (post_leaf).
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   if (wr && !wr->next) [[likely]] {
     const uint8_t off = to_qp(ibqp)->core->leaf_off.load(std::memory_order_relaxed);  // Qp::leaf_off
     if (wr->opcode == IBV_WR_RDMA_WRITE && !(off & Qp::kLeafQueued))
       return post_leaf<&LocalContext::write_leaf>(ibqp, wr, bad_wr);
-    if ((wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) && !off)
-      return post_leaf<&LocalContext::send_leaf>(ibqp, wr, bad_wr);
+    if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) {
+      if (!off) return post_leaf<&LocalContext::send_leaf>(ibqp, wr, bad_wr);
+      if (off == Qp::kLeafSrq) return post_leaf<&LocalContext::srq_send_leaf>(ibqp, wr, bad_wr);
+    }
   }
   return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
 }

@@ -28,15 +28,15 @@ class SrqMultiProcess : public ::testing::Test {
   void SetUp() override { HARNESS_REQUIRE_DEVICE(); }
 };
 
-TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
+// Two clients, MSGS messages each, into two QPs on one SRQ of a server
+// whose SRQ limit is armed at LIMIT (2 * MSGS posted); `small`: the small
+// shapes (srq_peer's header).
+void two_clients_to_one_srq(int msgs, int limit, bool small) {
   ASSERT_FALSE(peer_bin().empty()) << "SRQ_PEER_BIN is not set";
-  constexpr int kMsgs = 20;
-  constexpr int kLimit = 36;  // 40 posted: the 5th consumption goes below
+  std::vector<std::string> sargs{peer_bin(), "server", "2", std::to_string(msgs), std::to_string(limit)};
+  if (small) sargs.push_back("small");
   Child server;
-  ASSERT_TRUE(server.start(Home::get().run_argv({peer_bin(), "server", "2", std::to_string(kMsgs),
-                                                 std::to_string(kLimit)}),
-                           {.stdin_pipe = true}))
-      << server.output();
+  ASSERT_TRUE(server.start(Home::get().run_argv(sargs), {.stdin_pipe = true})) << server.output();
   auto sl = server.wait_line("SERVER ", kTimeoutMs);
   ASSERT_TRUE(sl.has_value()) << "no SERVER line:\n" << server.output();
   std::istringstream in(*sl);
@@ -48,11 +48,10 @@ TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
   Child clients[2];
   uint32_t cq[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(clients[i].start(Home::get().run_argv({peer_bin(), "client", std::to_string(i),
-                                                       std::to_string(sq[i]), std::to_string(lid),
-                                                       std::to_string(kMsgs)}),
-                                 {.stdin_pipe = true}))
-        << clients[i].output();
+    std::vector<std::string> cargs{peer_bin(), "client", std::to_string(i), std::to_string(sq[i]),
+                                   std::to_string(lid), std::to_string(msgs)};
+    if (small) cargs.push_back("small");
+    ASSERT_TRUE(clients[i].start(Home::get().run_argv(cargs), {.stdin_pipe = true})) << clients[i].output();
     auto cl = clients[i].wait_line("CLIENT ", kTimeoutMs);
     ASSERT_TRUE(cl.has_value()) << "no CLIENT line:\n" << clients[i].output();
     cq[i] = static_cast<uint32_t>(std::stoul(cl->substr(7)));
@@ -61,17 +60,30 @@ TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
   ASSERT_TRUE(server.wait_line("READY", kTimeoutMs).has_value()) << server.output();
   for (auto& c : clients) ASSERT_TRUE(c.write_line("GO"));
 
+  const std::string sent = "SENT " + std::to_string(msgs) + " OK";
   for (int i = 0; i < 2; ++i) {
     clients[i].close_stdin();
     harness::Result r = clients[i].wait(kTimeoutMs);
     EXPECT_TRUE(r.ok()) << "client " << i << ": " << r.describe();
-    EXPECT_NE(clients[i].output().find("SENT 20 OK"), std::string::npos) << clients[i].output();
+    EXPECT_NE(clients[i].output().find(sent), std::string::npos) << clients[i].output();
   }
   server.close_stdin();
   harness::Result sr = server.wait(kTimeoutMs);
   EXPECT_TRUE(sr.ok()) << "server: " << sr.describe();
   EXPECT_NE(server.output().find("LIMIT_EVENT"), std::string::npos) << server.output();
-  EXPECT_NE(server.output().find("RECV 40 OK"), std::string::npos) << server.output();
+  EXPECT_NE(server.output().find("RECV " + std::to_string(2 * msgs) + " OK"), std::string::npos) << server.output();
+}
+
+TEST_F(SrqMultiProcess, TwoClientsToTwoQpsOnOneSrqInAnotherProcess) {
+  two_clients_to_one_srq(20, 36, false);  // 40 posted: the 5th consumption goes below
+}
+
+// The same with messages of 8 to 16 bytes in every shape the SRQ SEND leaf
+// takes (one SGE of an MR, one inline SGE, two inline SGEs; SEND and
+// SEND_WITH_IMM; signaled and not), so the limit event, the order per QP,
+// the immediate data and every byte come through that path.
+TEST_F(SrqMultiProcess, SmallSendsOfEveryLeafShapeIntoOneSrq) {
+  two_clients_to_one_srq(60, 116, true);
 }
 
 // The stock example: 16 QPs on one SRQ on the server side.

@@ -14,6 +14,13 @@
 //
 // Message n of client ID: bytes [0..4) = ID, [4..8) = n, then the pattern
 // byte(ID, n, k); its length is msg_len(n).
+//
+// With a trailing "small" (both sides), every message is 8 to 16 bytes
+// (small_len(n)), the shapes of the provider's SRQ SEND leaf: by n % 3 one
+// SGE of the MR, one inline SGE, or two inline SGEs (the first 8 bytes, then
+// the rest from another buffer, as UCX's active messages post them); every
+// fourth (n % 4 == 3) is a SEND_WITH_IMM carrying htonl(n), which the server
+// checks, and every other message is unsignaled.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -38,6 +45,8 @@ constexpr uint32_t kSlot = 256;
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 uint32_t msg_len(uint32_t n) { return 8 + (n * 37) % (kSlot - 8); }
+uint32_t small_len(uint32_t n) { return 8 + n % 9; }
+bool with_imm(uint32_t n) { return n % 4 == 3; }
 uint8_t pattern(uint32_t id, uint32_t n, uint32_t k) { return static_cast<uint8_t>(id * 31 + n * 7 + k * 3 + 1); }
 
 [[noreturn]] void die(const std::string& what) {
@@ -87,7 +96,7 @@ bool wait_event(ibv_context* ctx, ibv_async_event* ev, int timeout_ms) {
   }
 }
 
-int server(int nqps, uint32_t msgs, uint32_t limit) {
+int server(int nqps, uint32_t msgs, uint32_t limit, bool small) {
   ibv_context* ctx = open_shm0();
   ibv_port_attr pa{};
   if (ibv_query_port(ctx, 1, &pa)) die("query_port");
@@ -154,6 +163,7 @@ int server(int nqps, uint32_t msgs, uint32_t limit) {
       const ibv_wc& w = wc[j];
       if (w.status != IBV_WC_SUCCESS) die(std::string("completion status ") + ibv_wc_status_str(w.status));
       if (w.opcode != IBV_WC_RECV) die("unexpected opcode " + std::to_string(w.opcode));
+      const bool imm = (w.wc_flags & IBV_WC_WITH_IMM) != 0;
       int q = -1;
       for (int i = 0; i < nqps; ++i)
         if (qps[i]->qp_num == w.qp_num) q = i;
@@ -167,7 +177,9 @@ int server(int nqps, uint32_t msgs, uint32_t limit) {
       if (id != static_cast<uint32_t>(q)) die("message of client " + std::to_string(id) + " on QP " + std::to_string(q));
       if (n != next_seq[q]) die("QP " + std::to_string(q) + ": message " + std::to_string(n) + " out of order");
       next_seq[q] += 1;
-      if (w.byte_len != msg_len(n)) die("byte_len " + std::to_string(w.byte_len));
+      if (w.byte_len != (small ? small_len(n) : msg_len(n))) die("byte_len " + std::to_string(w.byte_len));
+      if (imm != (small && with_imm(n))) die("message " + std::to_string(n) + ": IBV_WC_WITH_IMM is wrong");
+      if (imm && w.imm_data != htonl(n)) die("message " + std::to_string(n) + ": imm_data " + std::to_string(w.imm_data));
       for (uint32_t b = 8; b < w.byte_len; ++b)
         if (p[b] != pattern(id, n, b)) die("data mismatch at byte " + std::to_string(b) + " of message " + std::to_string(n));
       ++got;
@@ -191,14 +203,23 @@ int server(int nqps, uint32_t msgs, uint32_t limit) {
   return 0;
 }
 
-int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs) {
+int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs, bool small) {
   ibv_context* ctx = open_shm0();
   ibv_pd* pd = ibv_alloc_pd(ctx);
   ibv_cq* cq = ibv_create_cq(ctx, 64, nullptr, nullptr, 0);
   std::vector<uint8_t> buf(size_t{msgs} * kSlot, 0);
   ibv_mr* mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), kAccess) : nullptr;
   if (!pd || !cq || !mr) die("pd/cq/mr");
-  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 16, 1);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = cq;
+  qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = 16;
+  qa.cap.max_recv_wr = 1;
+  qa.cap.max_send_sge = 2;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = 16;
+  ibv_qp* qp = ibv_create_qp(pd, &qa);
   if (!qp) die("create_qp");
   say("CLIENT " + std::to_string(qp->qp_num));
   connect(qp, server_qpn, lid);
@@ -208,15 +229,34 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs) {
     std::memcpy(p, &id, 4);
     std::memcpy(p + 4, &n, 4);
     for (uint32_t b = 8; b < kSlot; ++b) p[b] = pattern(id, n, b);
-    ibv_sge sge{reinterpret_cast<uint64_t>(p), msg_len(n), mr->lkey};
+    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(p), small ? small_len(n) : msg_len(n), mr->lkey}, {}};
     ibv_send_wr wr{};
     wr.wr_id = n;
-    wr.sg_list = &sge;
+    wr.sg_list = sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
+    uint8_t rest[8];
+    if (small) {
+      if (n % 3 != 0) wr.send_flags |= IBV_SEND_INLINE;
+      if (n % 3 == 2) {
+        // The payload after the first 8 bytes from a buffer of its own.
+        sge[0].length = 8;
+        std::memcpy(rest, p + 8, sizeof rest);
+        sge[1] = {reinterpret_cast<uint64_t>(rest), small_len(n) - 8, 0};
+        wr.num_sge = 2;
+      }
+      if (with_imm(n)) {
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.imm_data = htonl(n);
+      }
+      // Every other one unsignaled (the last one signaled).
+      if (n % 2 == 1 && n + 1 < msgs) wr.send_flags &= ~IBV_SEND_SIGNALED;
+    }
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(qp, &wr, &bad)) die("post_send");
+    if (small && n % 3 == 2) std::memset(rest, 0, sizeof rest);  // inline: the bytes went with the post
+    if (!(wr.send_flags & IBV_SEND_SIGNALED)) continue;
     ibv_wc wc{};
     auto deadline = Clock::now() + std::chrono::seconds(20);
     int k = 0;
@@ -238,12 +278,14 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
+  const bool small = !a.empty() && a.back() == "small";
+  if (small) a.pop_back();
   if (a.size() == 4 && a[0] == "server")
     return server(std::atoi(a[1].c_str()), static_cast<uint32_t>(std::atoi(a[2].c_str())),
-                  static_cast<uint32_t>(std::atoi(a[3].c_str())));
+                  static_cast<uint32_t>(std::atoi(a[3].c_str())), small);
   if (a.size() == 5 && a[0] == "client")
     return client(static_cast<uint32_t>(std::atoi(a[1].c_str())), static_cast<uint32_t>(std::strtoul(a[2].c_str(), nullptr, 0)),
-                  static_cast<uint16_t>(std::atoi(a[3].c_str())), static_cast<uint32_t>(std::atoi(a[4].c_str())));
-  std::fprintf(stderr, "usage: srq_peer server NQPS MSGS LIMIT | client ID SERVER_QPN LID MSGS\n");
+                  static_cast<uint16_t>(std::atoi(a[3].c_str())), static_cast<uint32_t>(std::atoi(a[4].c_str())), small);
+  std::fprintf(stderr, "usage: srq_peer server NQPS MSGS LIMIT [small] | client ID SERVER_QPN LID MSGS [small]\n");
   return 2;
 }

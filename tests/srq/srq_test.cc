@@ -569,4 +569,129 @@ TEST_F(Srq, ErrorStateRaisesLastWqeReachedAndDoesNotFlushTheSrq) {
   EXPECT_EQ(ev.element.qp, s1);
 }
 
+
+// The provider's SRQ SEND leaf (1 to 16 bytes) checks the WQE at the SRQ's
+// head before it claims it; these are the WQEs it must leave to the general
+// path, which completes them in error as for any SEND (the responder's
+// completion first, then the requester's).
+class SrqSmall : public Srq {
+ protected:
+  // The pair, the client with a send CQ of its own (the leaf takes a
+  // signaled WR only when its completion has the CQ's single producer), and
+  // one small SEND through it that fills the sender's caches (the leaf takes
+  // a WR only when they answer; the first goes the general way).
+  void warm_pair(ibv_srq* s, ibv_qp** c, ibv_qp** sv) {
+    ccq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+    ASSERT_NE(ccq_, nullptr);
+    *sv = make_qp(s);
+    ASSERT_NE(*sv, nullptr) << std::strerror(errno);
+    *c = make_qp(nullptr, nullptr, ccq_);
+    ASSERT_NE(*c, nullptr) << std::strerror(errno);
+    uint16_t lid = harness::port_lid(ctx_);
+    ASSERT_EQ(connect_qp(*sv, (*c)->qp_num, lid, kAll), 0);
+    ASSERT_EQ(connect_qp(*c, (*sv)->qp_num, lid, kAll), 0);
+    ASSERT_EQ(post_srq(s, 1, 2048, 64), 0);
+    ASSERT_EQ(send(*c, 1, 0, 8), 0);
+    ibv_wc w{};
+    ASSERT_EQ(poll_n(ccq_, &w, 1), 1);
+    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << str(w);
+    ASSERT_EQ(poll_n(cq_, &w, 1), 1);
+    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << str(w);
+  }
+  void TearDown() override {
+    for (auto* q : qps_) ibv_destroy_qp(q);
+    qps_.clear();
+    if (ccq_) ibv_destroy_cq(ccq_);
+    Srq::TearDown();
+  }
+  ibv_cq* ccq_ = nullptr;
+  // A 16-byte SEND of two inline SGEs (UCX's shape) from c; both
+  // completions, the sender's and the receiver's, in *snd and *rcv.
+  void send_two_inline(ibv_qp* c, ibv_qp* sv, ibv_wc* snd, ibv_wc* rcv) {
+    uint8_t head[8], tail[8];
+    for (int i = 0; i < 8; ++i) head[i] = static_cast<uint8_t>(0xa0 + i), tail[i] = static_cast<uint8_t>(0xb0 + i);
+    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(head), 8, 0}, {reinterpret_cast<uint64_t>(tail), 8, 0}};
+    ibv_send_wr wr{};
+    wr.wr_id = 77;
+    wr.sg_list = sge;
+    wr.num_sge = 2;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_send(c, &wr, &bad), 0);
+    std::memset(head, 0, sizeof head);  // inline: the bytes went with the post
+    std::memset(tail, 0, sizeof tail);
+    ASSERT_EQ(poll_n(ccq_, snd, 1), 1);
+    ASSERT_EQ(poll_n(cq_, rcv, 1), 1);
+    EXPECT_EQ(rcv->qp_num, sv->qp_num);
+  }
+  static std::string str(const ibv_wc& w) {
+    return std::string(ibv_wc_status_str(w.status)) + " opcode " + std::to_string(w.opcode);
+  }
+};
+
+TEST_F(SrqSmall, TwoInlineSgesArriveWhole) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(post_srq(s, 5, 4096, 64), 0);
+  ibv_wc snd{}, rcv{};
+  send_two_inline(c, sv, &snd, &rcv);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  EXPECT_EQ(snd.opcode, IBV_WC_SEND);
+  EXPECT_EQ(snd.wr_id, 77u);
+  ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+  EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
+  EXPECT_EQ(rcv.wr_id, 5u);
+  EXPECT_EQ(rcv.byte_len, 16u);
+  EXPECT_EQ(rcv.src_qp, c->qp_num);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(buf_[4096 + i], 0xa0 + i) << "byte " << i;
+    EXPECT_EQ(buf_[4096 + 8 + i], 0xb0 + i) << "byte " << 8 + i;
+  }
+  EXPECT_EQ(buf_[4096 + 16], 0) << "nothing past the message";
+}
+
+TEST_F(SrqSmall, BufferTooSmallIsLocLenAtTheReceiverAndRemInvReqAtTheSender) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  std::memset(buf_.data() + 4096, 0x5a, 64);
+  ASSERT_EQ(post_srq(s, 6, 4096, 4), 0);  // 4 bytes for a 16-byte message
+  ibv_wc snd{}, rcv{};
+  send_two_inline(c, sv, &snd, &rcv);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(rcv.status, IBV_WC_LOC_LEN_ERR) << str(rcv);
+  EXPECT_EQ(rcv.wr_id, 6u);
+  EXPECT_EQ(snd.status, IBV_WC_REM_INV_REQ_ERR) << str(snd);
+  EXPECT_EQ(snd.wr_id, 77u);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(buf_[4096 + i], 0x5a) << "byte " << i << " of the receive buffer was written";
+}
+
+TEST_F(SrqSmall, BufferWithABadLkeyIsLocProtAtTheReceiverAndRemOpAtTheSender) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data() + 4096), 64, mr_->lkey + 0x100};
+  ibv_recv_wr wr{};
+  wr.wr_id = 8;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_srq_recv(s, &wr, &bad), 0);
+  ibv_wc snd{}, rcv{};
+  send_two_inline(c, sv, &snd, &rcv);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << str(rcv);
+  EXPECT_EQ(rcv.wr_id, 8u);
+  EXPECT_EQ(snd.status, IBV_WC_REM_OP_ERR) << str(snd);
+}
+
 }  // namespace
