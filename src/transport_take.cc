@@ -524,6 +524,11 @@ void LocalContext::push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layou
 
 namespace {
 
+// srq_send_leaf's largest message: UCX's active messages carry a 9-byte
+// header (the AM id and 8 header bytes), so an 8-byte Open MPI message
+// over UCX is 17 bytes; 64 covers the short ones (one packet at any MTU).
+constexpr uint32_t kSrqLeafMaxBytes = 64;
+
 // Copies n (0 to 16) bytes without a call (mover.h copy_4_to_16).
 [[gnu::always_inline]] inline void copy_upto16(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
   if (n >= 4)
@@ -536,9 +541,9 @@ namespace {
 
 // ibv_post_send's cheapest SEND into a QP with an SRQ (the provider's
 // post_leaf, when check_target found the target's SRQ: Qp::kLeafSrq): one
-// SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP, from one SGE
-// (leaf_source) or inline bytes in two (UCX's active messages: its header,
-// then the payload), with every cache answering: the target entry, the
+// SEND or SEND_WITH_IMM of 1 to kSrqLeafMaxBytes on an RC or UC QP, from one
+// SGE or inline bytes in two (UCX's active messages: its header, then the
+// payload), with every cache answering: the target entry, the
 // SRQ's ring and the receive buffer's key; its queue empty, no RNR back-off,
 // and its send CQ's FIFO with one producer and room. It does what post_send,
 // execute_fast and deliver do for it, in the same order and with the same
@@ -560,25 +565,38 @@ namespace {
                                                                                    const ibv_send_wr& wr) noexcept {
   const uint32_t tail = qp->sq_tail;
   if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
-  // The bytes: one SGE as the other leaves take it, or two inline ones
-  // gathered here (post_send's checks for them: max_send_sge, max_inline_data).
-  uint8_t gathered[16];
+  // The bytes (1 to kSrqLeafMaxBytes): one SGE, inline or checked against
+  // our MR table (fast_source), or two inline ones gathered here (post_send's
+  // checks for them: max_send_sge, max_inline_data).
+  if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) return Leaf::kNotHandled;
+  const ibv_sge* g0 = wr.sg_list;
+  const bool inl = wr.send_flags & IBV_SEND_INLINE;
+  uint8_t gathered[kSrqLeafMaxBytes];
   uint32_t len;
   const void* src;
-  if (wr.num_sge == 2) {
-    const ibv_sge* g = wr.sg_list;
-    if (!g || !(wr.send_flags & IBV_SEND_INLINE) || qp->caps.max_send_sge < 2 ||
-        (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC))
-      return Leaf::kNotHandled;
-    const uint32_t a = g[0].length, b = g[1].length;
+  if (wr.num_sge == 1 && g0) {
+    len = g0->length;
+    if (len - 1 >= kSrqLeafMaxBytes || (inl && len > qp->caps.max_inline_data)) return Leaf::kNotHandled;
+    src = inl ? reinterpret_cast<const void*>(g0->addr) : fast_source(qp, *g0, len);
+    if (!src) return Leaf::kNotHandled;
+  } else if (wr.num_sge == 2 && g0 && inl && qp->caps.max_send_sge >= 2) {
+    const uint32_t a = g0[0].length, b = g0[1].length;
     len = a + b;
-    if (a > 16 || b > 16 || len - 1 >= 16 || len > qp->caps.max_inline_data) return Leaf::kNotHandled;
-    copy_upto16(gathered, reinterpret_cast<const uint8_t*>(g[0].addr), a);
-    copy_upto16(gathered + a, reinterpret_cast<const uint8_t*>(g[1].addr), b);
+    if (a > kSrqLeafMaxBytes || b > kSrqLeafMaxBytes || len - 1 >= kSrqLeafMaxBytes ||
+        len > qp->caps.max_inline_data)
+      return Leaf::kNotHandled;
+    const auto* s0 = reinterpret_cast<const uint8_t*>(g0[0].addr);
+    const auto* s1 = reinterpret_cast<const uint8_t*>(g0[1].addr);
+    if (len <= 16) {
+      copy_upto16(gathered, s0, a);
+      copy_upto16(gathered + a, s1, b);
+    } else {
+      std::memcpy(gathered, s0, a);
+      std::memcpy(gathered + a, s1, b);
+    }
     src = gathered;
   } else {
-    src = leaf_source(qp, wr, &len);
-    if (!src) return Leaf::kNotHandled;
+    return Leaf::kNotHandled;
   }
   // fast_target's hit, without its refresh (check_target).
   Peer* pp = qp->peer.get();
@@ -645,8 +663,8 @@ namespace {
       lim && rq.size_approx() < lim && se->limit.exchange(0, std::memory_order_acq_rel)) [[unlikely]]
     peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
 
-  // The bytes (cannot fail: checked above, no overlap with our own), then
-  // the completion as deliver pushes it.
+  // The bytes (the buffer checked above; a move that overlaps our source
+  // is a memmove), then the completion as deliver pushes it.
   if (!move_out_small(r.local, src, len)) {
     const IoVec l{const_cast<void*>(src), len}, d{r.local, len};
     (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove

@@ -15,7 +15,7 @@
 // Message n of client ID: bytes [0..4) = ID, [4..8) = n, then the pattern
 // byte(ID, n, k); its length is msg_len(n).
 //
-// With a trailing "small" (both sides), every message is 8 to 16 bytes
+// With a trailing "small" (both sides), every message is 8 to 64 bytes
 // (small_len(n)), the shapes of the provider's SRQ SEND leaf: by n % 3 one
 // SGE of the MR, one inline SGE, or two inline SGEs (the first 8 bytes, then
 // the rest from another buffer, as UCX's active messages post them); every
@@ -45,7 +45,7 @@ constexpr uint32_t kSlot = 256;
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 uint32_t msg_len(uint32_t n) { return 8 + (n * 37) % (kSlot - 8); }
-uint32_t small_len(uint32_t n) { return 8 + n % 9; }
+uint32_t small_len(uint32_t n) { return 8 + (n * 7) % 57; }
 bool with_imm(uint32_t n) { return n % 4 == 3; }
 uint8_t pattern(uint32_t id, uint32_t n, uint32_t k) { return static_cast<uint8_t>(id * 31 + n * 7 + k * 3 + 1); }
 
@@ -218,7 +218,7 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs, bool s
   qa.cap.max_recv_wr = 1;
   qa.cap.max_send_sge = 2;
   qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = 16;
+  qa.cap.max_inline_data = 64;
   ibv_qp* qp = ibv_create_qp(pd, &qa);
   if (!qp) die("create_qp");
   say("CLIENT " + std::to_string(qp->qp_num));
@@ -236,13 +236,13 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs, bool s
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
-    uint8_t rest[8];
+    uint8_t rest[56];
     if (small) {
       if (n % 3 != 0) wr.send_flags |= IBV_SEND_INLINE;
       if (n % 3 == 2) {
         // The payload after the first 8 bytes from a buffer of its own.
         sge[0].length = 8;
-        std::memcpy(rest, p + 8, sizeof rest);
+        std::memcpy(rest, p + 8, small_len(n) - 8);
         sge[1] = {reinterpret_cast<uint64_t>(rest), small_len(n) - 8, 0};
         wr.num_sge = 2;
       }

@@ -585,8 +585,18 @@ class SrqSmall : public Srq {
     ASSERT_NE(ccq_, nullptr);
     *sv = make_qp(s);
     ASSERT_NE(*sv, nullptr) << std::strerror(errno);
-    *c = make_qp(nullptr, nullptr, ccq_);
+    ibv_qp_init_attr ca{};
+    ca.send_cq = ccq_;
+    ca.recv_cq = ccq_;
+    ca.qp_type = IBV_QPT_RC;
+    ca.cap.max_send_wr = 64;
+    ca.cap.max_recv_wr = 16;
+    ca.cap.max_send_sge = 2;
+    ca.cap.max_recv_sge = 1;
+    ca.cap.max_inline_data = 64;
+    *c = ibv_create_qp(pd_, &ca);
     ASSERT_NE(*c, nullptr) << std::strerror(errno);
+    qps_.push_back(*c);
     uint16_t lid = harness::port_lid(ctx_);
     ASSERT_EQ(connect_qp(*sv, (*c)->qp_num, lid, kAll), 0);
     ASSERT_EQ(connect_qp(*c, (*sv)->qp_num, lid, kAll), 0);
@@ -605,12 +615,14 @@ class SrqSmall : public Srq {
     Srq::TearDown();
   }
   ibv_cq* ccq_ = nullptr;
-  // A 16-byte SEND of two inline SGEs (UCX's shape) from c; both
-  // completions, the sender's and the receiver's, in *snd and *rcv.
-  void send_two_inline(ibv_qp* c, ibv_qp* sv, ibv_wc* snd, ibv_wc* rcv) {
-    uint8_t head[8], tail[8];
-    for (int i = 0; i < 8; ++i) head[i] = static_cast<uint8_t>(0xa0 + i), tail[i] = static_cast<uint8_t>(0xb0 + i);
-    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(head), 8, 0}, {reinterpret_cast<uint64_t>(tail), 8, 0}};
+  // A SEND of two inline SGEs of a and b bytes (at most 64 in all; UCX's
+  // shape: its 9-byte header, then the payload) from c, bytes 0xa0 + i of
+  // the first and 0xc0 + i of the second; both completions, the sender's and
+  // the receiver's, in *snd and *rcv.
+  void send_two_inline(ibv_qp* c, ibv_qp* sv, uint32_t a, uint32_t b, ibv_wc* snd, ibv_wc* rcv) {
+    uint8_t head[64], tail[64];
+    for (int i = 0; i < 64; ++i) head[i] = static_cast<uint8_t>(0xa0 + i), tail[i] = static_cast<uint8_t>(0xc0 + i);
+    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(head), a, 0}, {reinterpret_cast<uint64_t>(tail), b, 0}};
     ibv_send_wr wr{};
     wr.wr_id = 77;
     wr.sg_list = sge;
@@ -636,23 +648,28 @@ TEST_F(SrqSmall, TwoInlineSgesArriveWhole) {
   ibv_qp *c, *sv;
   warm_pair(s, &c, &sv);
   if (HasFatalFailure()) return;
-  ASSERT_EQ(post_srq(s, 5, 4096, 64), 0);
-  ibv_wc snd{}, rcv{};
-  send_two_inline(c, sv, &snd, &rcv);
-  if (HasFatalFailure()) return;
-  EXPECT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
-  EXPECT_EQ(snd.opcode, IBV_WC_SEND);
-  EXPECT_EQ(snd.wr_id, 77u);
-  ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
-  EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
-  EXPECT_EQ(rcv.wr_id, 5u);
-  EXPECT_EQ(rcv.byte_len, 16u);
-  EXPECT_EQ(rcv.src_qp, c->qp_num);
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(buf_[4096 + i], 0xa0 + i) << "byte " << i;
-    EXPECT_EQ(buf_[4096 + 8 + i], 0xb0 + i) << "byte " << 8 + i;
+  // 16 bytes, 17 (an 8-byte Open MPI message over UCX) and 64 (the most the
+  // leaf takes), each into a fresh buffer.
+  const uint32_t sizes[][2] = {{8, 8}, {9, 8}, {9, 55}};
+  for (uint32_t k = 0; k < 3; ++k) {
+    const uint32_t a = sizes[k][0], b = sizes[k][1];
+    const uint64_t off = 4096 + 128 * k;
+    ASSERT_EQ(post_srq(s, 5 + k, off, 100), 0);
+    ibv_wc snd{}, rcv{};
+    send_two_inline(c, sv, a, b, &snd, &rcv);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    EXPECT_EQ(snd.opcode, IBV_WC_SEND);
+    EXPECT_EQ(snd.wr_id, 77u);
+    ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+    EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
+    EXPECT_EQ(rcv.wr_id, 5u + k);
+    EXPECT_EQ(rcv.byte_len, a + b);
+    EXPECT_EQ(rcv.src_qp, c->qp_num);
+    for (uint32_t i = 0; i < a; ++i) EXPECT_EQ(buf_[off + i], 0xa0 + i) << a << "+" << b << ": byte " << i;
+    for (uint32_t i = 0; i < b; ++i) EXPECT_EQ(buf_[off + a + i], 0xc0 + i) << a << "+" << b << ": byte " << a + i;
+    EXPECT_EQ(buf_[off + a + b], 0) << "nothing past the message";
   }
-  EXPECT_EQ(buf_[4096 + 16], 0) << "nothing past the message";
 }
 
 TEST_F(SrqSmall, BufferTooSmallIsLocLenAtTheReceiverAndRemInvReqAtTheSender) {
@@ -664,7 +681,7 @@ TEST_F(SrqSmall, BufferTooSmallIsLocLenAtTheReceiverAndRemInvReqAtTheSender) {
   std::memset(buf_.data() + 4096, 0x5a, 64);
   ASSERT_EQ(post_srq(s, 6, 4096, 4), 0);  // 4 bytes for a 16-byte message
   ibv_wc snd{}, rcv{};
-  send_two_inline(c, sv, &snd, &rcv);
+  send_two_inline(c, sv, 8, 8, &snd, &rcv);
   if (HasFatalFailure()) return;
   EXPECT_EQ(rcv.status, IBV_WC_LOC_LEN_ERR) << str(rcv);
   EXPECT_EQ(rcv.wr_id, 6u);
@@ -687,7 +704,7 @@ TEST_F(SrqSmall, BufferWithABadLkeyIsLocProtAtTheReceiverAndRemOpAtTheSender) {
   ibv_recv_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_srq_recv(s, &wr, &bad), 0);
   ibv_wc snd{}, rcv{};
-  send_two_inline(c, sv, &snd, &rcv);
+  send_two_inline(c, sv, 9, 8, &snd, &rcv);
   if (HasFatalFailure()) return;
   EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << str(rcv);
   EXPECT_EQ(rcv.wr_id, 8u);
