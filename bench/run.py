@@ -13,7 +13,8 @@ One run:
      perftest pairs and then the peers' pairs (ucx_perftest, fi_pingpong),
      server pinned to CPU A and client to CPU B; a cache-line ping-pong probe
      is taken before each round and after the last, so every round is labelled
-     "near" or "far" (vCPU placement); the memcpy / CMA probes run before the
+     "near", "far" or "smt" (vCPU placement: two cores close together, far
+     apart, or two hardware threads of one core); the memcpy / CMA probes run before the
      first round and (but with --quick) after the last;
   4. writes bench/results/latest.{md,csv,png}.
 
@@ -1023,14 +1024,24 @@ class Report:
                 out[b] = vals["cacheline_halfrtt_ns_median"]
         return out
 
+    def best_probe(self) -> float | None:
+        """The run's best cache-line probe between two cores: SMT probes (--smt-max-ns) are left out."""
+        vals = [v for v in self.boundary_pingpong().values() if v > self.args.smt_max_ns]
+        return min(vals) if vals else None
+
     def placement(self) -> dict[int, tuple[float | None, float | None, str]]:
         pp = self.boundary_pingpong()
-        best = min(pp.values()) if pp else None
+        best = self.best_probe()
         out = {}
         for r in range(1, self.args.rounds + 1):
             before, after = pp.get(r - 1), pp.get(r)
             probes = [p for p in (before, after) if p is not None]
-            if best is None or not probes:
+            if probes and any(p <= self.args.smt_max_ns for p in probes):
+                # Two hardware threads of one core at either end: the round
+                # ran (at least partly) with the L1/L2 shared, a placement of
+                # its own that says nothing about near or far.
+                label = "smt"
+            elif best is None or not probes:
                 label = "unknown"
             else:
                 # Near: within near_factor of the run's best, and a hand-off
@@ -1147,7 +1158,7 @@ class Report:
             # more than 2x between rounds of the same placement: noise that placement does not explain
             place = self.placement()
             shm_r = self.by_round(row.shm, s["fig"])
-            for lab in ("near", "far", "unknown"):
+            for lab in ("near", "far", "smt", "unknown"):
                 vals = [v for r, v in shm_r.items() if place.get(r, (0, 0, "unknown"))[2] == lab]
                 if len(vals) >= 2 and min(vals) > 0 and max(vals) / min(vals) > 2:
                     out.append(f"{label}: {lab} rounds spread {fmt(min(vals))}–{fmt(max(vals))} (more than 2x): "
@@ -1270,7 +1281,7 @@ class Report:
         L.append("## Results")
         L.append("")
         labels = {lab for _b, _a, lab in place.values()}
-        if "far" in labels and "near" in labels:
+        if "near" in labels and labels - {"near"}:
             L.append("Placement changed during the run: each cell gives the figure over all rounds and, after `·`, "
                      "over the *near* rounds only (see placement below).")
         elif "near" not in labels:
@@ -1284,7 +1295,7 @@ class Report:
         L.append("|---|---:|---|---|---:|---:|---|---:|")
         unit = {"lat": "µs", "bw": "GB/s", "rate": "Mmsg/s"}
 
-        mixed = any(lab == "far" for _b, _a, lab in place.values())
+        mixed = any(lab != "near" for _b, _a, lab in place.values())
 
         def two(a, b, digits=3):
             if a is None:
@@ -1328,20 +1339,21 @@ class Report:
         L.extend(fails or ["none"])
         L.append("")
         # placement
-        pp = self.boundary_pingpong()
-        best = min(pp.values()) if pp else None
+        best = self.best_probe()
         L.append("## Rounds and vCPU placement")
         L.append("")
         L.append(f"Cache-line ping-pong (half round trip, CPU {self.args.cpus}) before each round and after the "
                  f"last; best of the run {fmt(best)} ns; a round is *near* when both of its probes are within "
                  f"{self.args.near_factor}x of the best and at most {fmt(self.args.near_max_ns)} ns "
-                 f"(`--near-max-ns`), else *far*.")
+                 f"(`--near-max-ns`), *smt* when either is at most {fmt(self.args.smt_max_ns)} ns "
+                 f"(`--smt-max-ns`: the two vCPUs were hardware threads of one core, sharing its caches; left "
+                 f"out of the best), else *far*.")
         L.append("")
         no_near = bool(place) and not any(lab == "near" for _b, _a, lab in place.values())
         if no_near:
             L.append(f"**No near round in this run:** every round had a probe above "
-                     f"{fmt(self.args.near_max_ns)} ns (or more than {self.args.near_factor}x the run's best), "
-                     f"so the vCPUs sat far apart throughout. Targets that are judged on near rounds cannot be "
+                     f"{fmt(self.args.near_max_ns)} ns (or more than {self.args.near_factor}x the run's best) "
+                     f"or one of SMT siblings, so the vCPUs never sat near throughout a round. Targets that are judged on near rounds cannot be "
                      f"judged from this run; its figures are far-placement figures.")
             L.append("")
         hist = self.meta_history
@@ -1438,6 +1450,9 @@ def parse_args(argv):
     ap.add_argument("--near-max-ns", type=float, default=120.0,
                     help="...and at most this cache-line hand-off in ns (120: near placement is ~35-100 ns on "
                          "these VMs, far ~200 ns and more)")
+    ap.add_argument("--smt-max-ns", type=float, default=20.0,
+                    help="a probe at most this is two hardware threads of one core (~14 ns on these VMs): such a "
+                         "round is labelled smt, neither near nor far (20)")
     ap.add_argument("--ucx-tls", default="posix,sm",
                     help="UCX_TLS variants for the UCP peer tests, ',self' appended (default posix,sm)")
     ap.add_argument("--no-peers", action="store_true", help="shmrdma and the floors only")
@@ -1492,10 +1507,9 @@ def load_history() -> dict:
 
 
 def update_history(report: "Report") -> None:
-    pp = report.boundary_pingpong()
-    if not pp:
+    best = report.best_probe()
+    if best is None:
         return
-    best = min(pp.values())
     hist = load_history()
     if not hist.get("best_halfrtt_ns") or best < hist["best_halfrtt_ns"]:
         try:
