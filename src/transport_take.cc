@@ -591,8 +591,8 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
       copy_upto16(gathered, s0, a);
       copy_upto16(gathered + a, s1, b);
     } else {
-      std::memcpy(gathered, s0, a);
-      std::memcpy(gathered + a, s1, b);
+      if (a) std::memcpy(gathered, s0, a);  // (an empty SGE may have no address)
+      if (b) std::memcpy(gathered + a, s1, b);
     }
     src = gathered;
   } else {

@@ -622,7 +622,8 @@ class SrqSmall : public Srq {
   void send_two_inline(ibv_qp* c, ibv_qp* sv, uint32_t a, uint32_t b, ibv_wc* snd, ibv_wc* rcv) {
     uint8_t head[64], tail[64];
     for (int i = 0; i < 64; ++i) head[i] = static_cast<uint8_t>(0xa0 + i), tail[i] = static_cast<uint8_t>(0xc0 + i);
-    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(head), a, 0}, {reinterpret_cast<uint64_t>(tail), b, 0}};
+    // An empty first SGE without an address, as a caller may pass one.
+    ibv_sge sge[2] = {{a ? reinterpret_cast<uint64_t>(head) : 0, a, 0}, {reinterpret_cast<uint64_t>(tail), b, 0}};
     ibv_send_wr wr{};
     wr.wr_id = 77;
     wr.sg_list = sge;
@@ -648,10 +649,10 @@ TEST_F(SrqSmall, TwoInlineSgesArriveWhole) {
   ibv_qp *c, *sv;
   warm_pair(s, &c, &sv);
   if (HasFatalFailure()) return;
-  // 16 bytes, 17 (an 8-byte Open MPI message over UCX) and 64 (the most the
-  // leaf takes), each into a fresh buffer.
-  const uint32_t sizes[][2] = {{8, 8}, {9, 8}, {9, 55}};
-  for (uint32_t k = 0; k < 3; ++k) {
+  // 16 bytes, 17 (an 8-byte Open MPI message over UCX), 64 (the most the
+  // leaf takes) and 20 after an empty SGE, each into a fresh buffer.
+  const uint32_t sizes[][2] = {{8, 8}, {9, 8}, {9, 55}, {0, 20}};
+  for (uint32_t k = 0; k < 4; ++k) {
     const uint32_t a = sizes[k][0], b = sizes[k][1];
     const uint64_t off = 4096 + 128 * k;
     ASSERT_EQ(post_srq(s, 5 + k, off, 100), 0);
