@@ -14,8 +14,8 @@ One run:
      server pinned to CPU A and client to CPU B; a cache-line ping-pong probe
      is taken before each round and after the last, so every round is labelled
      "near", "far" or "smt" (vCPU placement: two cores close together, far
-     apart, or two hardware threads of one core); the memcpy / CMA probes run before the
-     first round and (but with --quick) after the last;
+     apart, or two hardware threads of one core); the memcpy / CMA probes
+     run before the first round and (but with --quick) after the last;
   4. writes bench/results/latest.{md,csv,png}.
 
 Every process pair runs under `timeout` and a Python-side deadline; a pair
@@ -1353,8 +1353,9 @@ class Report:
         if no_near:
             L.append(f"**No near round in this run:** every round had a probe above "
                      f"{fmt(self.args.near_max_ns)} ns (or more than {self.args.near_factor}x the run's best) "
-                     f"or one of SMT siblings, so the vCPUs never sat near throughout a round. Targets that are judged on near rounds cannot be "
-                     f"judged from this run; its figures are far-placement figures.")
+                     f"or one of SMT siblings, so the vCPUs never sat near throughout a round. Targets that are "
+                     f"judged on near rounds cannot be judged from this run; its figures are far-placement "
+                     f"figures.")
             L.append("")
         hist = self.meta_history
         if best and hist and hist.get("best_halfrtt_ns"):

@@ -414,14 +414,15 @@ class LocalContext {
   Leaf srq_send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   // A leaf's source (write_leaf, send_leaf, srq_send_leaf): the inline
   // bytes or the SGE (fast_source), when the WR has the shape they all take
-  // (one SGE of 1 to 16 bytes, RC or UC, inline within max_inline_data);
-  // else nullptr.
-  [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len) const noexcept {
+  // (one SGE of 1 to max_len bytes, RC or UC, inline within
+  // max_inline_data); else nullptr.
+  [[gnu::always_inline]] const void* leaf_source(const Qp* qp, const ibv_send_wr& wr, uint32_t* len,
+                                                 uint32_t max_len = 16) const noexcept {
     const ibv_sge* g = wr.sg_list;
     if (wr.num_sge != 1 || !g || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC)) return nullptr;
     *len = g->length;
     const bool inl = wr.send_flags & IBV_SEND_INLINE;
-    if (*len - 1 >= 16 || (inl && *len > qp->caps.max_inline_data)) return nullptr;
+    if (*len - 1 >= max_len || (inl && *len > qp->caps.max_inline_data)) return nullptr;
     return inl ? reinterpret_cast<const void*>(g->addr) : fast_source(qp, *g, *len);
   }
   [[gnu::cold, gnu::noinline]] void send_leaf_armed_peer(const Peer& peer, Qp* qp, uint32_t cq_index,

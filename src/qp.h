@@ -178,10 +178,10 @@ struct Qp {
   std::atomic<uint32_t> sq_pending{0};  // WQEs posted but not executed (for progress from poll)
   // What the provider reads, without the lock, before it offers a WR to a
   // leaf (write_leaf, send_leaf, srq_send_leaf): a hint only (each leaf
-  // checks it all again under sq_lock); written under sq_lock. kLeafQueued: the last post left
-  // WQEs queued or an RNR back-off (a sender ahead of its receiver: the
-  // leaves would decline, so the next post goes the general way, and a post
-  // that finds the queue empty again clears it). kLeafNoSend: check_target
+  // checks it all again under sq_lock); written under sq_lock. kLeafQueued:
+  // the last post left WQEs queued or an RNR back-off (a sender ahead of its
+  // receiver: the leaves would decline, so the next post goes the general
+  // way, and a post that finds the queue empty again clears it). kLeafNoSend: check_target
   // found the target one no SEND leaf takes (no staging without an SRQ, a
   // RoCE path). kLeafSrq: the target has an SRQ, so the SEND leaf is
   // srq_send_leaf, not send_leaf.

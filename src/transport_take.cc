@@ -565,21 +565,18 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
                                                                                    const ibv_send_wr& wr) noexcept {
   const uint32_t tail = qp->sq_tail;
   if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
-  // The bytes (1 to kSrqLeafMaxBytes): one SGE, inline or checked against
-  // our MR table (fast_source), or two inline ones gathered here (post_send's
-  // checks for them: max_send_sge, max_inline_data).
-  if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) return Leaf::kNotHandled;
+  // The bytes (1 to kSrqLeafMaxBytes): one SGE (leaf_source), or two inline
+  // ones gathered here (post_send's checks for them: max_send_sge,
+  // max_inline_data).
   const ibv_sge* g0 = wr.sg_list;
-  const bool inl = wr.send_flags & IBV_SEND_INLINE;
   uint8_t gathered[kSrqLeafMaxBytes];
   uint32_t len;
   const void* src;
-  if (wr.num_sge == 1 && g0) {
-    len = g0->length;
-    if (len - 1 >= kSrqLeafMaxBytes || (inl && len > qp->caps.max_inline_data)) return Leaf::kNotHandled;
-    src = inl ? reinterpret_cast<const void*>(g0->addr) : fast_source(qp, *g0, len);
+  if (wr.num_sge == 1) {
+    src = leaf_source(qp, wr, &len, kSrqLeafMaxBytes);
     if (!src) return Leaf::kNotHandled;
-  } else if (wr.num_sge == 2 && g0 && inl && qp->caps.max_send_sge >= 2) {
+  } else if (wr.num_sge == 2 && g0 && (wr.send_flags & IBV_SEND_INLINE) && qp->caps.max_send_sge >= 2 &&
+             (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_UC)) {
     const uint32_t a = g0[0].length, b = g0[1].length;
     len = a + b;
     if (a > kSrqLeafMaxBytes || b > kSrqLeafMaxBytes || len - 1 >= kSrqLeafMaxBytes ||

@@ -37,7 +37,7 @@ uint16_t port_lid(ibv_context* ctx) {
 }
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_cq* cq, ibv_qp_type type, uint32_t max_send_wr, uint32_t max_recv_wr,
-                  uint32_t max_sge) {
+                  uint32_t max_sge, uint32_t max_inline_data) {
   ibv_qp_init_attr ia{};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -46,6 +46,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_cq* cq, ibv_qp_type type, uint32_t max_send_wr
   ia.cap.max_recv_wr = max_recv_wr;
   ia.cap.max_send_sge = max_sge;
   ia.cap.max_recv_sge = max_sge;
+  ia.cap.max_inline_data = max_inline_data;
   return ibv_create_qp(pd, &ia);
 }
 

@@ -26,9 +26,9 @@ int qp_to_reset(ibv_qp* qp);
 int connect_qp(ibv_qp* qp, uint32_t dest_qpn, uint16_t dlid, int access);
 
 // ibv_create_qp of a QP whose send and receive CQ is `cq`, with max_sge
-// scatter/gather entries each way and no inline data.
+// scatter/gather entries each way and max_inline_data bytes of inline data.
 ibv_qp* create_qp(ibv_pd* pd, ibv_cq* cq, ibv_qp_type type, uint32_t max_send_wr, uint32_t max_recv_wr,
-                  uint32_t max_sge = 1);
+                  uint32_t max_sge = 1, uint32_t max_inline_data = 0);
 
 // The QP's state (ibv_query_qp), -1 on error.
 int qp_state(ibv_qp* qp);

@@ -210,16 +210,7 @@ int client(uint32_t id, uint32_t server_qpn, uint16_t lid, uint32_t msgs, bool s
   std::vector<uint8_t> buf(size_t{msgs} * kSlot, 0);
   ibv_mr* mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), kAccess) : nullptr;
   if (!pd || !cq || !mr) die("pd/cq/mr");
-  ibv_qp_init_attr qa{};
-  qa.send_cq = cq;
-  qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = 16;
-  qa.cap.max_recv_wr = 1;
-  qa.cap.max_send_sge = 2;
-  qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = 64;
-  ibv_qp* qp = ibv_create_qp(pd, &qa);
+  ibv_qp* qp = harness::create_qp(pd, cq, IBV_QPT_RC, 16, 1, 2, 64);  // two SGEs, 64 inline bytes
   if (!qp) die("create_qp");
   say("CLIENT " + std::to_string(qp->qp_num));
   connect(qp, server_qpn, lid);

@@ -585,16 +585,7 @@ class SrqSmall : public Srq {
     ASSERT_NE(ccq_, nullptr);
     *sv = make_qp(s);
     ASSERT_NE(*sv, nullptr) << std::strerror(errno);
-    ibv_qp_init_attr ca{};
-    ca.send_cq = ccq_;
-    ca.recv_cq = ccq_;
-    ca.qp_type = IBV_QPT_RC;
-    ca.cap.max_send_wr = 64;
-    ca.cap.max_recv_wr = 16;
-    ca.cap.max_send_sge = 2;
-    ca.cap.max_recv_sge = 1;
-    ca.cap.max_inline_data = 64;
-    *c = ibv_create_qp(pd_, &ca);
+    *c = harness::create_qp(pd_, ccq_, IBV_QPT_RC, 64, 16, 2, 64);  // two SGEs, 64 inline bytes
     ASSERT_NE(*c, nullptr) << std::strerror(errno);
     qps_.push_back(*c);
     uint16_t lid = harness::port_lid(ctx_);
