@@ -369,11 +369,13 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   }
   if (staged_order) t->rx_staged_next.store(claimed.handle.pos + 1, std::memory_order_relaxed);
   // The next send to this queue reads the next slot and then releases it (a
-  // store): fetch its line for writing now, and again from progress_all
-  // while we poll, so neither waits for the line to cross cores on the
-  // critical path. The receiver does not touch a posted slot until it comes
-  // round again, so taking the line early costs it nothing.
-  const void* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), claimed.handle.pos);
+  // CAS). A prefetch now, and again from progress_all while we poll, brings
+  // the line close for that read; `complete` below then asks for the line
+  // for writing once this message is out (Ring::own_line), so the next
+  // send's release_cas does not wait for it to cross cores. The receiver does
+  // not touch a posted slot until it comes round again, so taking the line
+  // early costs it nothing.
+  RingSlotHeader* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), claimed.handle.pos);
   __builtin_prefetch(next_slot, 1);
   warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
   // SRQ limit event (srq.cc): fewer WQEs left than the armed limit. The
@@ -401,6 +403,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       (void)push_peer_cqe(rpeer, rcq, c, &qp->target_cq_cache);
       take_done(t, taken);
     }
+    Ring::own_line(next_slot);
   };
   auto responder_error = [&](uint32_t recv_status, uint32_t our_status) {
     // The responder's WQE completes in error and its QP enters the error
@@ -653,7 +656,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
     return Leaf::kNotHandled;
   }
   // deliver's warm-up of the next slot, and the SRQ limit event.
-  const void* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), pos);
+  RingSlotHeader* next_slot = rq.next_header(Ring::slot_header_of(claimed.handle), pos);
   __builtin_prefetch(next_slot, 1);
   warm_rq_slot_.store(next_slot, std::memory_order_relaxed);
   if (const uint32_t lim = se->limit.load(std::memory_order_relaxed);
@@ -687,6 +690,9 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
       (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
     take_done(t, taken);
   }
+  // The message is out: take the next slot's line now, as deliver does
+  // (Ring::own_line), not in the next send's release_cas.
+  Ring::own_line(next_slot);
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done; fast_groups answered above).
   count::sent_small_send(qp, count::fast_groups(qp), len);

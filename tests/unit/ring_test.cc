@@ -923,6 +923,50 @@ TEST(RingAdopt, LosingTheClaimAnnouncesTheNextPosition) {
   EXPECT_TRUE(r.release_cas(c.handle));
 }
 
+// own_line (a sender asking for the next slot's line before it claims it)
+// writes nothing the protocol reads: in every state a slot can be in
+// (published, claimed, released, never written), the slot's seq and payload
+// stay what they were and the ring goes on as if it had not been called.
+TEST(RingAdopt, OwnLineChangesNoSlotState) {
+  RingMem m(4, 64);
+  Ring r = make_ring(m, 4, 64);
+  auto seq = [&](uint32_t pos) { return r.slot_header(pos)->seq.load(); };
+  auto own_every_slot = [&] {
+    for (uint32_t p = 0; p < 4; ++p) {
+      const uint32_t before = seq(p);
+      uint32_t payload_before = 0, payload_after = 0;
+      std::memcpy(&payload_before, r.slot_header(p) + 1, sizeof payload_before);
+      Ring::own_line(r.slot_header(p));
+      std::memcpy(&payload_after, r.slot_header(p) + 1, sizeof payload_after);
+      EXPECT_EQ(seq(p), before) << "slot " << p;
+      EXPECT_EQ(payload_after, payload_before) << "slot " << p;
+    }
+  };
+  own_every_slot();  // nothing written yet
+  for (uint32_t v = 10; v < 13; ++v) ASSERT_EQ(r.try_push(&v, sizeof v), RingStatus::ok);
+  own_every_slot();  // three published, one free
+  RingResult c = r.try_claim_at(0);
+  ASSERT_TRUE(c);
+  own_every_slot();  // one claimed
+  EXPECT_TRUE(r.release_cas(c.handle));
+  own_every_slot();  // released
+  EXPECT_FALSE(r.release_cas(c.handle)) << "released twice";
+  // The ring goes on: the next claims see the values pushed, in order, and
+  // the producer refills the released slot.
+  for (uint32_t p = 1; p < 3; ++p) {
+    RingResult n = r.try_claim_at(p);
+    ASSERT_TRUE(n);
+    uint32_t v = 0;
+    std::memcpy(&v, n.handle.payload, sizeof v);
+    EXPECT_EQ(v, 9 + p + 1);
+    EXPECT_TRUE(r.release_cas(n.handle));
+  }
+  const uint32_t more = 13;
+  ASSERT_EQ(r.try_push(&more, sizeof more), RingStatus::ok);
+  ASSERT_EQ(r.try_push(&more, sizeof more), RingStatus::ok);
+  EXPECT_EQ(r.try_claim_at(3).status, RingStatus::ok);
+}
+
 // What counts as claimed and unreleased: only a published slot a consumer
 // took and has not given back, at exactly that position.
 TEST(RingAdopt, ClaimedUnreleasedOnlyForAHeldClaim) {
