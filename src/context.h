@@ -883,6 +883,16 @@ class LocalContext {
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
+  // Nonzero while a thread runs progress for an application that does not
+  // poll (get_channel_event, the progress thread): an RNR back-off then
+  // looks at the receive queue on every call (transport_internal.h
+  // rnr_backing_off), since such calls are rare.
+  std::atomic<uint32_t> rnr_look_now_{0};
+  void progress_all_looking() noexcept {
+    rnr_look_now_.fetch_add(1, std::memory_order_relaxed);
+    progress_all();
+    rnr_look_now_.fetch_sub(1, std::memory_order_relaxed);
+  }
   // Calls of progress_locked by anyone (a racy count, like polls_): the
   // progress thread leaves the queues to the application while it changes.
   std::atomic<uint32_t> progress_calls_{0};

@@ -240,7 +240,7 @@ int LocalContext::get_channel_event(uint32_t number, int fd, void** cq_user, voi
         int k = ::poll(&p, 1, retry_poll_ms());
         if (k < 0) return errno;
         if (k == 0) {
-          progress_all();
+          progress_all_looking();
           continue;
         }
       }
@@ -252,7 +252,7 @@ int LocalContext::get_channel_event(uint32_t number, int fd, void** cq_user, voi
     if (n != sizeof tok) continue;  // a torn token from a corrupt writer: dropped
     switch (chan_token_kind(tok)) {
       case ChanKind::kProgress:
-        progress_all();
+        progress_all_looking();
         continue;
       case ChanKind::kEvent: {
         const uint32_t index = chan_token_index(tok), gen = chan_token_generation(tok);

@@ -202,6 +202,7 @@ struct Qp {
   // back-off time passed, like an RNR NAK's timer.
   bool rnr_backoff = false;
   uint64_t rnr_backoff_since_ns = 0;
+  uint32_t rnr_backoff_looks = 0;  // calls of rnr_backing_off in this back-off (transport_internal.h)
 
   // A busy receive record of a target QP (transport.cc take_holder_dead).
   uint32_t busy_take = 0, busy_take_qpn = 0;
@@ -322,6 +323,7 @@ struct Qp {
     rnr_attempts = timeout_attempts = 0;
     rnr_backoff = false;
     rnr_backoff_since_ns = 0;
+    rnr_backoff_looks = 0;
     busy_take = busy_take_qpn = 0;
     busy_since_ns = busy_claim_since_ns = 0;
     busy_claim_pos = 0;

@@ -85,8 +85,20 @@ inline uint32_t wc_opcode(uint32_t wr_opcode) {
 // before the receive record is reserved: a backing-off sender writes
 // nothing of the target's (a record a dead holder left is looked at once
 // the back-off ends, at most kRnrBackoffNs later). True while it lasts.
-inline bool rnr_backing_off(Qp* qp, const Ring& rq) noexcept {
+//
+// A sender that polls meanwhile calls this on every poll. The receive ring's
+// positions it reads are lines the receiver writes on every post, and a
+// read on every poll took them back each time, so every post_recv waited a
+// cache-line hand-off for its CAS (ib_send_bw, where the receiver is the
+// bottleneck: the CAS was over half of post_recv's samples). So only every
+// kRnrLookEvery-th call looks (and reads the clock): the back-off ends at
+// most that many polls late, while the receiver already has a batch posted.
+// look_now: the call is one of the rare ones made for an application that
+// does not poll (LocalContext::rnr_look_now_): it looks.
+constexpr uint32_t kRnrLookEvery = 8;
+inline bool rnr_backing_off(Qp* qp, const Ring& rq, bool look_now) noexcept {
   if (!qp->rnr_backoff) return false;
+  if (++qp->rnr_backoff_looks % kRnrLookEvery != 0 && !look_now) return true;
   const uint32_t batch = std::clamp<uint32_t>(rq.capacity() / 4, 1, 32);
   if (rq.size_approx() < batch && now_ns() - qp->rnr_backoff_since_ns < kRnrBackoffNs) return true;
   qp->rnr_backoff = false;
@@ -96,6 +108,7 @@ inline bool rnr_backing_off(Qp* qp, const Ring& rq) noexcept {
 inline void start_rnr_backoff(Qp* qp) noexcept {
   qp->rnr_backoff = true;
   qp->rnr_backoff_since_ns = now_ns();
+  qp->rnr_backoff_looks = 0;
 }
 
 // An initiator that found no receive in t's queue (or the SRQ se, when it

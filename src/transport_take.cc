@@ -289,7 +289,8 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kGone;
   }
   Ring& rq = *rqp;
-  if (rnr_wait && rnr_backing_off(qp, rq)) return Deliver::kNoReceive;
+  if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now_.load(std::memory_order_relaxed) != 0))
+    return Deliver::kNoReceive;
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
   if (!take_reserve(t, holder_id(), generation_, &v)) {
