@@ -888,10 +888,17 @@ class LocalContext {
   // looks at the receive queue on every call (transport_internal.h
   // rnr_backing_off), since such calls are rare.
   std::atomic<uint32_t> rnr_look_now_{0};
+  bool rnr_look_now() const noexcept { return rnr_look_now_.load(std::memory_order_relaxed) != 0; }
+  struct RnrLookNow {  // rnr_look_now() holds while one lives
+    explicit RnrLookNow(LocalContext* c) noexcept : c_(c) { c_->rnr_look_now_.fetch_add(1, std::memory_order_relaxed); }
+    ~RnrLookNow() { c_->rnr_look_now_.fetch_sub(1, std::memory_order_relaxed); }
+    RnrLookNow(const RnrLookNow&) = delete;
+    RnrLookNow& operator=(const RnrLookNow&) = delete;
+    LocalContext* c_;
+  };
   void progress_all_looking() noexcept {
-    rnr_look_now_.fetch_add(1, std::memory_order_relaxed);
+    const RnrLookNow look(this);
     progress_all();
-    rnr_look_now_.fetch_sub(1, std::memory_order_relaxed);
   }
   // Calls of progress_locked by anyone (a racy count, like polls_): the
   // progress thread leaves the queues to the application while it changes.

@@ -68,10 +68,9 @@ void LocalContext::stop_progress() noexcept {
 
 void LocalContext::progress_pending() noexcept {
   std::lock_guard lk(mu_);
-  rnr_look_now_.fetch_add(1, std::memory_order_relaxed);  // context.h
+  const RnrLookNow look(this);  // context.h
   for (Qp* q : live_qps_)
     if (q->sq_pending.load(std::memory_order_relaxed)) progress(q);
-  rnr_look_now_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void* LocalContext::progress_main(void* self) noexcept {

@@ -589,13 +589,12 @@ class Ring {
   // Starts bringing slot header h's cache line into this core's cache for
   // writing, ahead of a claim and release_cas of that slot: a store of 0 to
   // the header's `reserved` word, which nobody reads, so it changes nothing
-  // the protocol can see. The store
-  // does not wait for the line (it waits in the store buffer while the line
-  // comes), unlike an RMW on seq. A prefetch does not do it: the build's
-  // generic x86-64 has no PREFETCHW, and on the AMD EPYC VM we measure on
-  // PREFETCHW brought the line shared all the same, so the release_cas
-  // still waited a cache-line hand-off for the ring owner's copy (the one it
-  // kept from writing the WQE) to go.
+  // the protocol can see. The store does not wait for the line (it waits in
+  // the store buffer while the line comes), unlike an RMW on seq. A prefetch
+  // does not do it: the build's generic x86-64 has no PREFETCHW, and on the
+  // AMD EPYC VM we measure on PREFETCHW brought the line shared all the same,
+  // so the release_cas still waited a cache-line hand-off for the ring
+  // owner's copy (the one it kept from writing the WQE) to go.
   static void own_line(RingSlotHeader* h) noexcept {
     std::atomic_ref<uint32_t>(h->reserved).store(0, std::memory_order_relaxed);
   }

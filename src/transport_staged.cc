@@ -156,7 +156,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   if (!rqp || !ce) [[unlikely]]
     return Deliver::kNotStaged;  // deliver reports it
   Ring& rq = *rqp;
-  if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now_.load(std::memory_order_relaxed) != 0))
+  if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now()))
     return Deliver::kNoReceive;  // before anything of the target's is written
   uint32_t v = 0;
   if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kNotStaged;  // deliver handles a busy record

@@ -289,7 +289,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kGone;
   }
   Ring& rq = *rqp;
-  if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now_.load(std::memory_order_relaxed) != 0))
+  if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now()))
     return Deliver::kNoReceive;
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
