@@ -8,7 +8,9 @@
 //   P2  read the ring geometry from the CqEntry, validate it (Peer::ring),
 //       push the CQE.
 //   P3  producers.fetch_sub(1) (release).
-//   P4  fence (seq_cst), load notify: when the CQ is armed and the CQE
+//   P4  fence (seq_cst), load notify (the fast push, cq_push.h, publishes
+//       with a seq_cst CAS and loads notify seq_cst instead of the
+//       fence, which orders them the same): when the CQ is armed and the CQE
 //       qualifies (solicited_only: a solicited or an error completion), CAS
 //       notify to kNotifyNone; the producer whose CAS wins writes one event
 //       token to the CQ's completion channel (channel.h). A token that cannot

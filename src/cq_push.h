@@ -47,12 +47,12 @@ enum class Fast { kFallback, kPushed, kArmed };
 // live, no resize or destroy in progress, the ring geometry the one the
 // caller's cache validated, no timestamp, a free slot at the first try.
 // Anything else undoes P1 before anything was written (kFallback) and the
-// caller runs push_shared_cqe, which does it all. P4 is the same fence and
-// load; kArmed: the CQ is armed for this CQE and the caller fires it
-// (fire_notify). The state is looked at before P1 too, so a producer does not
-// count itself into the entry of a CQ that is gone. fill(payload) writes the
-// CQE (sizeof(layout::Cqe) bytes) into the reserved slot; `qualifies`: it is
-// solicited or an error (armed_for).
+// caller runs push_shared_cqe, which does it all. P4 is the same load,
+// seq_cst in place of the fence (below); kArmed: the CQ is armed for this
+// CQE and the caller fires it (fire_notify). The state is looked at before
+// P1 too, so a producer does not count itself into the entry of a CQ that
+// is gone. fill(payload) writes the CQE (sizeof(layout::Cqe) bytes) into the
+// reserved slot; `qualifies`: it is solicited or an error (armed_for).
 template <typename Fill>
 [[gnu::always_inline]] inline Fast push_common_with(const Peer& peer, layout::CqEntry* e, RingCache* cache,
                                                     bool qualifies, Fill&& fill) noexcept {
@@ -68,8 +68,13 @@ template <typename Fill>
   e->producers.fetch_sub(1, std::memory_order_release);                           // P3
   if (st != RingStatus::ok) [[unlikely]]
     return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // P4, as in take_notify (pairs with the fence in arm_cq)
-  if (armed_for(e->notify.load(std::memory_order_relaxed), qualifies)) [[unlikely]]
+  // P4 without take_notify's fence: the publication was a seq_cst CAS and
+  // this load is seq_cst, so against arm_cq's notify CAS, fence and later
+  // poll either this load sees the arming or that poll sees the CQE (in
+  // the single total order S of C++20 [atomics.order]: the CAS precedes
+  // this load; a load that missed the arming precedes arm_cq's fence, which
+  // precedes a CAS its poll missed). On x86 one locked instruction less.
+  if (armed_for(e->notify.load(std::memory_order_seq_cst), qualifies)) [[unlikely]]
     return Fast::kArmed;
   return Fast::kPushed;
 }

@@ -343,8 +343,7 @@ class Ring {
         if (shared_->producer_pos.compare_exchange_weak(
                 pos, pos + 1, std::memory_order_relaxed,
                 std::memory_order_relaxed)) {
-          // handle(pos), from the slot address formed above.
-          return {RingStatus::ok, {reinterpret_cast<std::byte*>(h) + kRingSlotHeaderBytes, pos}};
+          return {RingStatus::ok, handle_at(h, pos)};
         }
       } else if (dist < 0) {
         // The slot still holds an item of the previous lap.
@@ -373,7 +372,7 @@ class Ring {
       // Relaxed: consumers never read producer_pos for correctness (only
       // size_approx does, advisorily); publication is via seq (R1).
       shared_->producer_pos.store(pos + 1, std::memory_order_relaxed);
-      return {RingStatus::ok, handle(pos)};
+      return {RingStatus::ok, handle_at(h, pos)};
     }
     if (dist < 0) return {RingStatus::full, {}};
     // Slot is ahead of the only producer: exclusivity was violated or the
@@ -416,6 +415,9 @@ class Ring {
   // geometry has (N <= kMinStride - header: a CQE, layout.h), written by
   // fill(payload) straight into the reserved slot: no length check, and the
   // producer builds its item there instead of copying it from a local one.
+  // Its publication is seq_cst (on x86 the same lock cmpxchg as release):
+  // a caller's seq_cst load after it is ordered after it without a fence
+  // (the CQ producers' P4, cq_push.h).
   template <std::size_t N, typename Fill>
   [[gnu::always_inline]] RingStatus try_push_cas_with(Fill&& fill) const noexcept {
     static_assert(N <= kMinStride - kRingSlotHeaderBytes, "every valid slot holds it");
@@ -423,7 +425,7 @@ class Ring {
     const RingResult r = try_reserve();
     if (!r) return r.status;
     fill(r.handle.payload);
-    return publish_cas(r.handle);
+    return publish_cas<std::memory_order_seq_cst>(r.handle);
   }
 
   // ---------------------------------------------------------------- consumer
@@ -463,7 +465,7 @@ class Ring {
         if (distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) <= 0) break;
         continue;
       }
-      f(static_cast<const std::byte*>(handle(pos).payload));
+      f(static_cast<const std::byte*>(handle_at(h, pos).payload));
     }
   }
 
@@ -513,7 +515,7 @@ class Ring {
     if (!shared_->consumer_pos.compare_exchange_strong(expect, pos + 1, std::memory_order_release,
                                                        std::memory_order_relaxed))
       return {RingStatus::contended, {}};
-    return {RingStatus::ok, handle(pos)};
+    return {RingStatus::ok, handle_at(h, pos)};
   }
 
   // try_claim_at for a consumer that no other consumer of positions up to
@@ -521,11 +523,12 @@ class Ring {
   // what this stores): a plain store of the consumer position.
   RingResult try_claim_at_sc(uint32_t pos) noexcept {
     assert(attached());
-    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1 ||  // A1 pairs with R1
+    const RingSlotHeader* hdr = header(pos);
+    if (hdr->seq.load(std::memory_order_acquire) != pos + 1 ||  // A1 pairs with R1
         shared_->consumer_pos.load(std::memory_order_relaxed) != pos)
       return {RingStatus::empty, {}};
     shared_->consumer_pos.store(pos + 1, std::memory_order_release);
-    return {RingStatus::ok, handle(pos)};
+    return {RingStatus::ok, handle_at(hdr, pos)};
   }
 
   // Whether position pos's slot is published for pos (full, or claimed and
@@ -533,8 +536,9 @@ class Ring {
   // without claiming it. Advisory.
   bool published_at(uint32_t pos, RingHandle* h) const noexcept {
     assert(attached());
-    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1) return false;  // A1 pairs with R1
-    *h = handle(pos);
+    const RingSlotHeader* hdr = header(pos);
+    if (hdr->seq.load(std::memory_order_acquire) != pos + 1) return false;  // A1 pairs with R1
+    *h = handle_at(hdr, pos);
     return true;
   }
 
@@ -549,11 +553,12 @@ class Ring {
   bool claimed_unreleased(uint32_t pos, RingHandle* h) const noexcept {
     assert(attached());
     // A1 pairs with R1: the producer's payload is visible to the reader.
-    if (header(pos)->seq.load(std::memory_order_acquire) != pos + 1) return false;
+    const RingSlotHeader* hdr = header(pos);
+    if (hdr->seq.load(std::memory_order_acquire) != pos + 1) return false;
     // Acquire pairs with the release of try_claim_announced's CAS.
     const int32_t d = distance(shared_->consumer_pos.load(std::memory_order_acquire), pos);
     if (d <= 0 || static_cast<uint32_t>(d) > capacity_) return false;  // not claimed (or nonsense)
-    *h = handle(pos);
+    *h = handle_at(hdr, pos);
     return true;
   }
 
@@ -571,7 +576,7 @@ class Ring {
       // Relaxed: producers never read consumer_pos for correctness; the slot
       // is handed back to them by seq (R2).
       shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);
-      return {RingStatus::ok, handle(pos)};
+      return {RingStatus::ok, handle_at(h, pos)};
     }
     if (dist < 0) return {RingStatus::empty, {}};
     return {RingStatus::contended, {}};  // corrupted or exclusivity violated
@@ -713,7 +718,7 @@ class Ring {
       if (dist == 0) {
         announce(pos);
         if (shared_->consumer_pos.compare_exchange_weak(pos, pos + 1, success, std::memory_order_relaxed)) {
-          return {RingStatus::ok, handle(pos)};
+          return {RingStatus::ok, handle_at(h, pos)};
         }
       } else if (dist < 0) {
         // Not yet published for this lap.
@@ -729,11 +734,14 @@ class Ring {
   // The CAS publication of try_push_cas: seq pos -> pos + 1 on the slot of
   // h, a handle try_reserve gave (payload is its slot's address + the header,
   // so the header is found without forming the address again).
+  // Order: release (R1), or seq_cst where the caller needs it.
+  template <std::memory_order Order = std::memory_order_release>
   RingStatus publish_cas(RingHandle h) const noexcept {
+    static_assert(Order == std::memory_order_release || Order == std::memory_order_seq_cst);
     auto* hdr = reinterpret_cast<RingSlotHeader*>(h.payload - kRingSlotHeaderBytes);
     uint32_t expect = h.pos;
-    // R1 on success (release); the failure value is not used for data.
-    if (hdr->seq.compare_exchange_strong(expect, h.pos + 1, std::memory_order_release, std::memory_order_relaxed))
+    // R1 on success; the failure value is not used for data.
+    if (hdr->seq.compare_exchange_strong(expect, h.pos + 1, Order, std::memory_order_relaxed))
       return RingStatus::ok;
     return RingStatus::abandoned;
   }
@@ -763,6 +771,11 @@ class Ring {
   }
   RingHandle handle(uint32_t pos) const noexcept {
     return {slot_addr(pos) + kRingSlotHeaderBytes, pos};
+  }
+  // handle(pos) from its slot's header h == header(pos), formed before an
+  // acquire load (after one the compiler reads the geometry again).
+  static RingHandle handle_at(const RingSlotHeader* h, uint32_t pos) noexcept {
+    return {const_cast<std::byte*>(reinterpret_cast<const std::byte*>(h)) + kRingSlotHeaderBytes, pos};
   }
 
   RingShared* shared_ = nullptr;
