@@ -259,6 +259,22 @@ inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, u
   return rc.wbase + off;
 }
 
+// The local address of byte addr of the MR whose snapshot rc holds, or
+// nullptr: for an address under a key remote_hit has just answered for in
+// the same call (the entry live with the snapshot's seqlock value, the PD
+// and access it needs), so only the range is new. srq_send_leaf's hint for
+// the next WQE's buffer (own_dest_line).
+[[gnu::always_inline]] inline uint8_t* snapshot_byte(const Qp::RemoteKeyCache& rc, const Peer& peer,
+                                                     uint64_t addr) noexcept {
+  const Qp::MrSnapshot& sn = rc.snap;
+  const uint64_t off = addr - sn.iova;  // below iova: wraps past length
+  if (off >= sn.length) return nullptr;
+  const uint64_t host = sn.host + off;
+  if (peer.self_process) return reinterpret_cast<uint8_t*>(host);
+  if (sn.tier != layout::kTierMapped || !rc.map || host - sn.map_start >= sn.map_len) return nullptr;  // as remote_hit
+  return rc.map->base + (host - sn.map_start);
+}
+
 inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept {
   rc.wtag = Qp::kNoWriteTag;
   rc.wbase = nullptr;

@@ -694,6 +694,20 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   // The message is out: take the next slot's line now, as deliver does
   // (Ring::own_line), not in the next send's release_cas.
   Ring::own_line(next_slot);
+  // And the first line of the buffer the next send will write, that of the
+  // WQE after this one (another QP of the SRQ may take it first: then the
+  // line was asked for in vain), when it is posted and in the MR of this
+  // one's buffer (the common case: one MR for all of them), so remote_hit's
+  // answer for this one vouches for the key (snapshot_byte).
+  if (Ring::published_for(next_slot, pos + 1)) {
+    const std::byte* np = reinterpret_cast<const std::byte*>(next_slot) + kRingSlotHeaderBytes;
+    layout::RecvWqeHeader nhd;
+    layout::WireSge ng;
+    std::memcpy(&nhd, np, sizeof nhd);
+    std::memcpy(&ng, np + sizeof nhd, sizeof ng);
+    if (nhd.num_sge != 0 && ng.length != 0 && ng.lkey == g.lkey)
+      if (uint8_t* line = snapshot_byte(qp->recv_key_cache, peer, ng.addr)) own_dest_line(line);
+  }
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done; fast_groups answered above).
   count::sent_small_send(qp, count::fast_groups(qp), len);
