@@ -240,8 +240,9 @@ class LocalContext {
                                        uint64_t* ts = nullptr) noexcept {
     const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
     cqe_to_wc(payload, w);
-    static_assert(offsetof(layout::Cqe, timestamp) == 6 * 8);
-    if (ts) *ts = __atomic_load_n(reinterpret_cast<const uint64_t*>(payload) + 6, __ATOMIC_RELAXED);
+    static_assert(offsetof(layout::Cqe, timestamp) == 6 * 8 && offsetof(layout::Cqe, buf_hint) == 6 * 8);
+    const auto* w6 = reinterpret_cast<const uint64_t*>(payload) + 6;
+    if (ts) *ts = __atomic_load_n(w6, __ATOMIC_RELAXED);
     // The status, from the private copy, to a valid ibv_wc_status (read as
     // a number: it is no valid enum value yet).
     uint32_t status;
@@ -254,6 +255,11 @@ class LocalContext {
     // Before the release: flush_qp reads the ring, then this (see
     // recv_completion_delivered). From the private copy just written.
     if ((w->opcode & IBV_WC_RECV) && w->status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
+      // A receive's buf_hint: the line the initiator wrote starts back now
+      // (in a CQ with timestamps a stamp is prefetched in vain: a prefetch
+      // never faults).
+      if (const uint64_t hint = __atomic_load_n(w6, __ATOMIC_RELAXED))
+        __builtin_prefetch(reinterpret_cast<const void*>(hint));
       const uint32_t qi = layout::qpn_index(w->qp_num);
       const uint8_t tag = reinterpret_cast<const uint8_t*>(w)[kWcTakeTag];
       if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);

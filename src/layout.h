@@ -695,9 +695,17 @@ struct Cqe {
   uint8_t dlid_path_bits;
   uint8_t flags;        // CqeFlags
   uint8_t take_tag;     // receive completions of initiators: low bits of the take counter (transport.cc)
-  // CLOCK_MONOTONIC ns when the producer pushed it, in CQs created with
-  // kCqTimestamp (the device clock: hca_core_clock 1 GHz); 0 otherwise.
-  uint64_t timestamp;
+  union {
+    // CLOCK_MONOTONIC ns when the producer pushed it, in CQs created with
+    // kCqTimestamp (the device clock: hca_core_clock 1 GHz).
+    uint64_t timestamp;
+    // In other CQs, a receive completion whose bytes the initiator moved
+    // into the receiver's buffer may carry that buffer's address in the
+    // receiver (0: none): the poller prefetches it (take_cqe), so the line
+    // the initiator wrote starts back while the poll goes on, before the
+    // application reads it. Untrusted, and only ever prefetched.
+    uint64_t buf_hint;
+  };
 };
 static_assert(sizeof(Cqe) == 56, "with the 8-byte slot header a CQE still fills one cache line");
 // kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);

@@ -680,6 +680,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   cqe.src_qp = qp->qpn;
   cqe.slid = static_cast<uint16_t>(qp->tgt.slid);
   cqe.take_tag = static_cast<uint8_t>(taken >> 2);
+  cqe.buf_hint = r.host;  // (push_common declines a CQ with timestamps)
   if (wr.send_flags & IBV_SEND_SOLICITED) cqe.flags = layout::kCqeSolicited;
   if (op == IBV_WR_SEND_WITH_IMM) {
     cqe.imm_data = wr.imm_data;
