@@ -4,6 +4,8 @@
 // (transport_take.cc), so the common push calls nothing.
 #pragma once
 
+#include <emmintrin.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -79,11 +81,28 @@ template <typename Fill>
   return Fast::kPushed;
 }
 
+// A CQE's 56 bytes into its slot in three 16-byte moves and one of 8: GCC
+// expands a memcpy of this size into `rep movsl`, whose start-up costs tens
+// of cycles, right before the publication the poller waits for.
+[[gnu::always_inline]] inline void copy_cqe(std::byte* d, const layout::Cqe& c) noexcept {
+  static_assert(sizeof(layout::Cqe) == 3 * 16 + 8);
+  const auto* s = reinterpret_cast<const std::byte*>(&c);
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+  uint64_t t;
+  std::memcpy(&t, s + 48, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), a);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), b);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), x);
+  std::memcpy(d + 48, &t, 8);
+}
+
 // push_common_with for a CQE the caller has built.
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
                                                RingCache* cache) noexcept {
   return push_common_with(peer, e, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe),
-                          [&cqe](std::byte* payload) { std::memcpy(payload, &cqe, sizeof cqe); });
+                          [&cqe](std::byte* payload) { copy_cqe(payload, cqe); });
 }
 
 }  // namespace shmrdma::cqpush
