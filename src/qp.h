@@ -183,8 +183,8 @@ struct Qp {
   // receiver: the leaves would decline, so the next post goes the general
   // way, and a post that finds the queue empty again clears it).
   // kLeafNoSend: check_target found the target one no SEND leaf takes (no
-  // staging without an SRQ, a RoCE path). kLeafSrq: the target has an SRQ, so the SEND leaf is
-  // srq_send_leaf, not send_leaf.
+  // staging without an SRQ, a RoCE path). kLeafSrq: the target has an SRQ,
+  // so the SEND leaf is srq_send_leaf, not send_leaf.
   static constexpr uint8_t kLeafQueued = 1, kLeafNoSend = 2, kLeafSrq = 4;
   std::atomic<uint8_t> leaf_off{0};
   void set_leaf_off(uint8_t bit, bool on) noexcept {

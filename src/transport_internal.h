@@ -263,7 +263,11 @@ inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, u
 // nullptr: for an address under a key remote_hit has just answered for in
 // the same call (the entry live with the snapshot's seqlock value, the PD
 // and access it needs), so only the range is new. srq_send_leaf's hint for
-// the next WQE's buffer (own_dest_line).
+// the next WQE's buffer (own_dest_line). It is remote_hit's range part for
+// one byte, written apart on purpose: remote_hit's own range part, split out
+// and called here, cost the leaf 14 instructions more per message (UCX
+// am_bw over rc_verbs: 553 against 539), for the fields of a Remote this
+// hint does not need.
 [[gnu::always_inline]] inline uint8_t* snapshot_byte(const Qp::RemoteKeyCache& rc, const Peer& peer,
                                                      uint64_t addr) noexcept {
   const Qp::MrSnapshot& sn = rc.snap;
