@@ -247,9 +247,10 @@ class LocalContext {
     // a number: it is no valid enum value yet).
     uint32_t status;
     std::memcpy(&status, &w->status, sizeof status);
-    static_assert(layout::kStagedStatus > IBV_WC_TM_RNDV_INCOMPLETE);
+    static_assert(layout::kStagedStatus > IBV_WC_TM_RNDV_INCOMPLETE &&
+                  layout::kSrqInlineStatus > IBV_WC_TM_RNDV_INCOMPLETE);
     if (status > IBV_WC_TM_RNDV_INCOMPLETE) [[unlikely]] {
-      if (status == layout::kStagedStatus) return false;
+      if (status == layout::kStagedStatus || status == layout::kSrqInlineStatus) return false;
       w->status = IBV_WC_GENERAL_ERR;
     }
     // Before the release: flush_qp reads the ring, then this (see
@@ -267,22 +268,13 @@ class LocalContext {
     ring.release_sc(h, p);
     return true;
   }
-  // The staged CQE that take_cqe left at position p's slot h: finished into
-  // *w (finish_staged), and the slot given back. 1, or 0 when it gives
-  // nothing to hand out.
+  // The staged CQE that take_cqe left at position p's slot h (its status,
+  // read once, is in *w): finished into *w (finish_staged, or
+  // finish_srq_inline for an SrqInlineCqe), and the slot given back. 1, or 0
+  // when it gives nothing to hand out.
+  // (transport_staged.cc: out of line, so that the common path makes no call.)
   [[gnu::noinline]] int take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
-                                    uint64_t* ts) noexcept {
-    const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
-    // An inline one's timestamp bytes are data (it never goes into a CQ
-    // with timestamps); an in-place one keeps its stamp (take_cqe read it).
-    static_assert(offsetof(layout::StagedCqe, kind) == kWcTakeTag);
-    if (ts && __atomic_load_n(reinterpret_cast<const uint8_t*>(payload) + kWcTakeTag, __ATOMIC_RELAXED) !=
-                  layout::kStagedInPlace)
-      *ts = 0;
-    const bool took = finish_staged(payload, w);
-    ring.release_sc(h, p);
-    return took ? 1 : 0;
-  }
+                                    uint64_t* ts) noexcept;
   // One CQE from its ring slot (untrusted: every byte is read once, in
   // three 16-byte loads) into an ibv_wc, whose first 46 bytes have the
   // Cqe's layout: each 16 bytes are masked in their register (opcode to 8
@@ -878,6 +870,12 @@ class LocalContext {
     BiasedLock lock;
     bool live = false;  // an RC or UC QP without an SRQ lives at this index
     uint32_t qpn = 0, pd = 0;
+    // Or an RC or UC QP with an SRQ: its QP number | its PD << 32 (0: none),
+    // which its SrqInlineCqes' poll (finish_srq_inline) reads without the
+    // lock; written under it. Kept when the QP is destroyed, until its index
+    // is reused: its receive completions still in a CQ are handed out, as
+    // those of any destroyed QP are.
+    std::atomic<uint64_t> srq_qp{0};
     Ring rq;  // its receive queue
     std::deque<StashedWqe> stash;  // WQEs stash_staged took, in ring order
   };
@@ -886,6 +884,9 @@ class LocalContext {
   // take_staged's: a staged CQE (payload, untrusted) into *w; false when
   // there is nothing to hand out (not ours any more, or bogus).
   bool finish_staged(const std::byte* payload, ibv_wc* w) noexcept;
+  // take_staged's: an SrqInlineCqe (payload, untrusted) into *w; false when
+  // there is nothing to hand out (its QP is not ours, or it is bogus).
+  [[gnu::always_inline]] inline bool finish_srq_inline(const std::byte* payload, ibv_wc* w) noexcept;
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends

@@ -709,8 +709,9 @@ struct Cqe {
 };
 static_assert(sizeof(Cqe) == 56, "with the 8-byte slot header a CQE still fills one cache line");
 // kCqeSolicited: the sender asked for a solicited event (IBV_SEND_SOLICITED);
-// it wakes a CQ armed with solicited_only.
-enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0 };
+// it wakes a CQ armed with solicited_only. kCqeSrqImm: an SrqInlineCqe's
+// message carries an immediate (below).
+enum CqeFlags : uint8_t { kCqeSolicited = 1u << 0, kCqeSrqImm = 1u << 1 };
 static_assert(std::is_trivially_copyable_v<Cqe>);
 
 // A staged receive (transport_staged.cc): a SEND into an RC or UC QP without
@@ -756,8 +757,58 @@ static_assert(sizeof(StagedCqe) == sizeof(Cqe) && offsetof(StagedCqe, status) ==
               offsetof(StagedCqe, data2) == offsetof(Cqe, timestamp) &&
               sizeof(StagedCqe::data0) + sizeof(StagedCqe::data1) + sizeof(StagedCqe::data2) == kStagedMaxData);
 static_assert(std::is_trivially_copyable_v<StagedCqe>);
+
+// A small SEND or SEND_WITH_IMM into an RC or UC QP with an SRQ whose bytes
+// travel in its receive completion (srq_send_leaf, transport_take.cc). The
+// initiator takes the SRQ's WQE as for any SEND (the receive-take protocol,
+// so the WQE completes exactly once) and checks that its first buffer holds
+// the message, but does not write that buffer: it names it here (addr and
+// lkey, the WQE's first SGE) and the receiver's poll checks it against its
+// own MRs as a receive buffer of the QP's PD and copies the bytes in
+// (finish_srq_inline, transport_staged.cc). So the receiver waits for one
+// line the initiator wrote, not two (the completion's and the buffer's),
+// and its application finds the bytes in its own cache. Same size and slot
+// as a Cqe, told by its status; qp_num, slid, flags and take_tag where a Cqe
+// has them (the take protocol's recovery looks for the tag:
+// recv_completion_delivered). Never in a CQ with timestamps (its last eight
+// bytes are data).
+inline constexpr uint32_t kSrqInlineStatus = 0x51495253;
+inline constexpr uint32_t kSrqInlineMaxData = 20;     // without an immediate
+inline constexpr uint32_t kSrqInlineMaxDataImm = 16;  // with one (kCqeSrqImm)
+struct SrqInlineCqe {
+  uint64_t wr_id;       // as Cqe: the WQE's
+  uint32_t status;      // kSrqInlineStatus
+  uint32_t addr_lo;     // the buffer's address in the receiver (the WQE's first SGE)
+  uint32_t addr_hi;
+  uint32_t lkey;        // and its key
+  uint8_t data4[4];     // Cqe::imm_data: data bytes 16-19, or the immediate (network order) with kCqeSrqImm
+  uint32_t qp_num;      // as Cqe: the receiving QP
+  uint32_t src_qp_len;  // the sender's QP (24 bits) | the message length << 24
+  uint8_t data0[4];     // Cqe::wc_flags: data bytes 0-3
+  uint8_t data1[2];     // Cqe::pkey_index: data bytes 4-5
+  uint16_t slid;        // as Cqe
+  uint8_t data2[2];     // Cqe::sl, dlid_path_bits: data bytes 6-7
+  uint8_t flags;        // as Cqe: CqeFlags
+  uint8_t take_tag;     // as Cqe
+  uint8_t data3[8];     // Cqe::timestamp: data bytes 8-15
+};
+static_assert(sizeof(SrqInlineCqe) == sizeof(Cqe) && offsetof(SrqInlineCqe, status) == offsetof(Cqe, status) &&
+              offsetof(SrqInlineCqe, data4) == offsetof(Cqe, imm_data) &&
+              offsetof(SrqInlineCqe, qp_num) == offsetof(Cqe, qp_num) &&
+              offsetof(SrqInlineCqe, data0) == offsetof(Cqe, wc_flags) &&
+              offsetof(SrqInlineCqe, slid) == offsetof(Cqe, slid) &&
+              offsetof(SrqInlineCqe, flags) == offsetof(Cqe, flags) &&
+              offsetof(SrqInlineCqe, take_tag) == offsetof(Cqe, take_tag) &&
+              offsetof(SrqInlineCqe, data3) == offsetof(Cqe, timestamp) &&
+              sizeof(SrqInlineCqe::data0) + sizeof(SrqInlineCqe::data1) + sizeof(SrqInlineCqe::data2) +
+                      sizeof(SrqInlineCqe::data3) + sizeof(SrqInlineCqe::data4) ==
+                  kSrqInlineMaxData);
+static_assert(std::is_trivially_copyable_v<SrqInlineCqe>);
+
 // Whether c is an error completion (a staged one is not: it completes
 // successfully unless the receiver finds its buffers gone).
-inline bool error_cqe(const Cqe& c) noexcept { return c.status != 0 && c.status != kStagedStatus; }
+inline bool error_cqe(const Cqe& c) noexcept {
+  return c.status != 0 && c.status != kStagedStatus && c.status != kSrqInlineStatus;
+}
 
 }  // namespace shmrdma::layout

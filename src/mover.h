@@ -44,6 +44,43 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
   }
 }
 
+// Bytes 0-7 and 8-15 of len (1 to 16) bytes at s, zero past len, in
+// registers: overlapping loads of 8, 4 or 1 byte(s), none past s + len (a
+// small message's bytes going into its completion: send_leaf).
+[[gnu::always_inline]] inline void load_small(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi) noexcept {
+  if (len >= 8) {
+    uint64_t a, b;
+    __builtin_memcpy(&a, s, 8);
+    __builtin_memcpy(&b, s + len - 8, 8);  // bytes len-8 .. len-1
+    *lo = a;
+    *hi = len == 8 ? 0 : b >> (8 * (16 - len));  // bytes 8 .. len-1
+  } else if (len >= 4) {
+    uint32_t a, b;
+    __builtin_memcpy(&a, s, 4);
+    __builtin_memcpy(&b, s + len - 4, 4);  // bytes len-4 .. len-1 (overlapping the first four: the same values)
+    *lo = a | uint64_t{b} << (8 * (len - 4));
+    *hi = 0;
+  } else {
+    *lo = s[0] | uint64_t{s[len / 2]} << (8 * (len / 2)) | uint64_t{s[len - 1]} << (8 * (len - 1));
+    *hi = 0;
+  }
+}
+
+// load_small for len 1 to 20: bytes 16-19 in *top (zero past len).
+[[gnu::always_inline]] inline void load_upto20(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi,
+                                               uint32_t* top) noexcept {
+  if (len <= 16) {
+    load_small(s, len, lo, hi);
+    *top = 0;
+    return;
+  }
+  uint32_t t;
+  __builtin_memcpy(lo, s, 8);
+  __builtin_memcpy(hi, s + 8, 8);
+  __builtin_memcpy(&t, s + len - 4, 4);  // bytes len-4 .. len-1
+  *top = t >> (8 * (20 - len));         // bytes 16 .. len-1
+}
+
 // move_out's smallest case inline (the fast path of small WRITEs and
 // SENDs): one buffer each side, both reachable here, 1 to 16 bytes, not
 // overlapping. The last byte is stored last, with release, as move_out's

@@ -148,14 +148,17 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
       l->producers.push_back(qp.get());
       own_producers_changed(l);
     }
-  if ((a.qp_type == IBV_QPT_RC || a.qp_type == IBV_QPT_UC) && !has_srq) {
-    // Its staged receives (transport_staged.cc) from now on.
+  {
+    // Its staged receives (transport_staged.cc) from now on: an RC or UC
+    // QP's, from its receive queue or (SrqInlineCqe) its SRQ.
     StagedRx& sr = staged_rx_[i];
     std::lock_guard g(sr.lock);
-    sr.live = true;
-    sr.qpn = qpn;
+    const bool rc_uc = a.qp_type == IBV_QPT_RC || a.qp_type == IBV_QPT_UC;
+    sr.live = rc_uc && !has_srq;
+    sr.qpn = sr.live ? qpn : 0;
+    sr.srq_qp.store(rc_uc && has_srq ? qpn | uint64_t{pd} << 32 : 0, std::memory_order_release);
     sr.pd = pd;
-    sr.rq = rq;
+    sr.rq = sr.live ? rq : Ring{};
     sr.stash.clear();
   }
   qps_[i] = std::move(qp);

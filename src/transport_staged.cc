@@ -45,6 +45,7 @@
 #include "context.h"
 #include "count.h"
 #include "cq_push.h"
+#include "mover.h"
 #include "transport_internal.h"
 
 namespace shmrdma {
@@ -232,30 +233,6 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   return push_staged(qp, peer, t, rq, ce, sc, v);
 }
 
-namespace {
-
-// Bytes 0-7 and 8-15 of len (1 to 16) bytes at s, zero past len, in
-// registers: overlapping loads of 8, 4 or 1 byte(s), none past s + len.
-[[gnu::always_inline]] inline void load_small(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi) noexcept {
-  if (len >= 8) {
-    uint64_t a, b;
-    std::memcpy(&a, s, 8);
-    std::memcpy(&b, s + len - 8, 8);  // bytes len-8 .. len-1
-    *lo = a;
-    *hi = len == 8 ? 0 : b >> (8 * (16 - len));  // bytes 8 .. len-1
-  } else if (len >= 4) {
-    uint32_t a, b;
-    std::memcpy(&a, s, 4);
-    std::memcpy(&b, s + len - 4, 4);  // bytes len-4 .. len-1 (overlapping the first four: the same values)
-    *lo = a | uint64_t{b} << (8 * (len - 4));
-    *hi = 0;
-  } else {
-    *lo = s[0] | uint64_t{s[len / 2]} << (8 * (len / 2)) | uint64_t{s[len - 1]} << (8 * (len - 1));
-    *hi = 0;
-  }
-}
-
-}  // namespace
 
 // ibv_post_send's cheapest SEND, tried before anything else (the provider's
 // post_leaf): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
@@ -523,6 +500,88 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
   w->vendor_err = 0;
   w->byte_len = byte_len;
   return true;
+}
+
+// A small SEND into our QP's SRQ whose bytes came in its completion
+// (layout.h SrqInlineCqe; srq_send_leaf took the WQE). The buffer it names
+// is checked against our MRs as a receive buffer of the QP's PD (the
+// initiator checked it in its copy of our MR table; it may have gone since,
+// and the CQE is untrusted), then the bytes go in. A buffer that fails the
+// check completes the WQE with IBV_WC_LOC_PROT_ERR and the QP enters the
+// error state, as finish_staged's.
+[[gnu::always_inline]] inline bool LocalContext::finish_srq_inline(const std::byte* payload, ibv_wc* w) noexcept {
+  layout::SrqInlineCqe c;
+  std::memcpy(&c, payload, sizeof c);
+  const uint32_t qi = layout::qpn_index(c.qp_num);
+  if (qi >= layout_.qp_slots) return false;
+  const uint64_t qp = staged_rx_[qi].srq_qp.load(std::memory_order_acquire);
+  if (qp == 0 || static_cast<uint32_t>(qp) != (c.qp_num & limits::kQpnMask)) return false;  // not ours (any more)
+  const uint32_t pd = static_cast<uint32_t>(qp >> 32);
+  const bool imm = c.flags & layout::kCqeSrqImm;
+  const uint32_t len = c.src_qp_len >> 24;
+  const uint64_t addr = uint64_t{c.addr_hi} << 32 | c.addr_lo;
+  uint32_t status = IBV_WC_SUCCESS;
+  if (len > (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData)) {
+    status = IBV_WC_LOC_LEN_ERR;  // (no initiator of ours sends that)
+  } else if (len) {
+    if (void* p = const_cast<void*>(resolve_local(c.lkey, pd, addr, len, kAccessLocalWrite))) {
+      uint8_t data[layout::kSrqInlineMaxData];
+      std::memcpy(data, c.data0, sizeof c.data0);
+      std::memcpy(data + 4, c.data1, sizeof c.data1);
+      std::memcpy(data + 6, c.data2, sizeof c.data2);
+      std::memcpy(data + 8, c.data3, sizeof c.data3);
+      std::memcpy(data + 16, c.data4, sizeof c.data4);
+      copy_small(static_cast<uint8_t*>(p), data, len);
+    } else {
+      status = IBV_WC_LOC_PROT_ERR;
+    }
+  }
+  if (status != IBV_WC_SUCCESS) {
+    // A responder error (finish_staged's): the QP enters the error state.
+    layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
+    e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+    layout::bump_version(e);
+    header()->attention.fetch_add(1, std::memory_order_release);
+  }
+  // Its take tag, as take_cqe notes a receive's (before the slot's release).
+  last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
+  w->wr_id = c.wr_id;
+  w->status = static_cast<ibv_wc_status>(status);
+  w->opcode = IBV_WC_RECV;
+  w->vendor_err = 0;
+  w->byte_len = status == IBV_WC_SUCCESS ? len : 0;
+  uint32_t immv = 0;
+  if (imm) std::memcpy(&immv, c.data4, sizeof immv);
+  w->imm_data = immv;
+  w->qp_num = c.qp_num & limits::kQpnMask;
+  w->src_qp = c.src_qp_len & limits::kQpnMask;
+  w->wc_flags = imm ? IBV_WC_WITH_IMM : 0;
+  w->pkey_index = 0;
+  w->slid = c.slid;
+  w->sl = 0;
+  w->dlid_path_bits = 0;
+  return true;
+}
+
+int LocalContext::take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w, uint64_t* ts) noexcept {
+  const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
+  uint32_t status;
+  std::memcpy(&status, &w->status, sizeof status);
+  bool took;
+  if (status == layout::kSrqInlineStatus) {
+    if (ts) *ts = 0;  // (its last bytes are data: never in a CQ with timestamps)
+    took = finish_srq_inline(payload, w);
+  } else {
+    // An inline one's timestamp bytes are data (it never goes into a CQ
+    // with timestamps); an in-place one keeps its stamp (take_cqe read it).
+    static_assert(offsetof(layout::StagedCqe, kind) == kWcTakeTag);
+    if (ts && __atomic_load_n(reinterpret_cast<const uint8_t*>(payload) + kWcTakeTag, __ATOMIC_RELAXED) !=
+                  layout::kStagedInPlace)
+      *ts = 0;
+    took = finish_staged(payload, w);
+  }
+  ring.release_sc(h, p);
+  return took ? 1 : 0;
 }
 
 }  // namespace shmrdma

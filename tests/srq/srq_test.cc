@@ -703,4 +703,195 @@ TEST_F(SrqSmall, BufferWithABadLkeyIsLocProtAtTheReceiverAndRemOpAtTheSender) {
   EXPECT_EQ(snd.status, IBV_WC_REM_OP_ERR) << str(snd);
 }
 
+// Every size the leaf takes (1 to 64 bytes), with and without an immediate:
+// up to 20 bytes (16 with an immediate) travel in the receive completion and
+// the receiver's poll puts them in the buffer, the rest go into the buffer
+// first; both arrive byte for byte, nothing around them changes, and the
+// completion says what a SEND's says.
+TEST_F(SrqSmall, EverySizeWithAndWithoutImmediateArrivesExactly) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  constexpr uint64_t kSrc = 32768, kDst = 8192;
+  for (uint32_t i = 0; i < 64; ++i) buf_[kSrc + i] = static_cast<uint8_t>(0x11 + 3 * i);
+  for (int with_imm = 0; with_imm < 2; ++with_imm)
+    for (uint32_t len = 1; len <= 64; ++len) {
+      std::memset(buf_.data() + kDst, 0x5a, 128);
+      ASSERT_EQ(post_srq(s, 1000 + len, kDst + 16, 100), 0);
+      ASSERT_EQ(send(c, 2000 + len, kSrc, len, 0xabc00 + len, with_imm), 0);
+      ibv_wc snd{}, rcv{};
+      ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+      ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+      EXPECT_EQ(snd.wr_id, 2000u + len);
+      ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+      ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv) << " at " << len << " bytes";
+      EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
+      EXPECT_EQ(rcv.wr_id, 1000u + len);
+      EXPECT_EQ(rcv.byte_len, len);
+      EXPECT_EQ(rcv.qp_num, sv->qp_num);
+      EXPECT_EQ(rcv.src_qp, c->qp_num);
+      EXPECT_EQ(rcv.slid, harness::port_lid(ctx_));
+      EXPECT_EQ(rcv.wc_flags & IBV_WC_WITH_IMM, with_imm ? uint32_t{IBV_WC_WITH_IMM} : 0u) << len;
+      if (with_imm) {
+        EXPECT_EQ(ntohl(rcv.imm_data), 0xabc00 + len);
+      }
+      for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(buf_[kDst + i], 0x5a) << len << " bytes: byte " << i << " before";
+      for (uint32_t i = 0; i < len; ++i)
+        ASSERT_EQ(buf_[kDst + 16 + i], static_cast<uint8_t>(0x11 + 3 * i)) << len << " bytes: byte " << i;
+      for (uint32_t i = 16 + len; i < 128; ++i) ASSERT_EQ(buf_[kDst + i], 0x5a) << len << " bytes: byte " << i - 16;
+    }
+}
+
+// The design, seen from outside: a small SEND into an SRQ lands in its
+// buffer when the receiver polls its completion, not before (its bytes
+// came in the completion), and a larger one lands before. (On the wire both
+// would be in the buffer by the time the completion can be polled; the
+// difference shows only to a reader that does not poll.)
+TEST_F(SrqSmall, ASmallSendLandsWhenItsCompletionIsPolled) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x80 + i);
+  for (const uint32_t len : {17u, 21u}) {
+    std::memset(buf_.data() + 8192, 0, 64);
+    ASSERT_EQ(post_srq(s, 3, 8192, 64), 0);
+    ASSERT_EQ(send(c, 4, 32768, len), 0);
+    ibv_wc snd{}, rcv{};
+    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    if (len <= 20)
+      EXPECT_EQ(buf_[8192], 0) << "written before its completion was polled";
+    else
+      EXPECT_EQ(buf_[8192], 0x80) << "not written before its completion was polled";
+    ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+    ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+    EXPECT_EQ(rcv.byte_len, len);
+    for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(buf_[8192 + i], 0x80 + i) << len << " bytes: byte " << i;
+  }
+}
+
+// The receive completion of a small SEND outlives the QP it came to, as any
+// completion does: polled after the QP's destruction, it still puts the
+// bytes in and hands out the WQE.
+TEST_F(SrqSmall, ASmallSendsCompletionOutlivesItsQp) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  for (uint32_t i = 0; i < 8; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x30 + i);
+  std::memset(buf_.data() + 8192, 0, 64);
+  ASSERT_EQ(post_srq(s, 9, 8192, 64), 0);
+  ASSERT_EQ(send(c, 4, 32768, 8), 0);
+  ibv_wc snd{}, rcv{};
+  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  const uint32_t qpn = sv->qp_num;
+  forget_qp(sv);
+  ASSERT_EQ(ibv_destroy_qp(sv), 0);
+  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+  EXPECT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+  EXPECT_EQ(rcv.wr_id, 9u);
+  EXPECT_EQ(rcv.qp_num, qpn);
+  EXPECT_EQ(rcv.byte_len, 8u);
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(buf_[8192 + i], 0x30 + i) << "byte " << i;
+}
+
+// A small SEND's buffer is checked again when its completion is polled:
+// deregistered since the message came, it is not written, and the WQE
+// completes with IBV_WC_LOC_PROT_ERR (a receive buffer must stay
+// registered until its WQE completes; the alternative would be a write into
+// memory the application may have given back).
+TEST_F(SrqSmall, ABufferDeregisteredBeforeThePollIsNotWritten) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  std::vector<uint8_t> other(4096, 0x77);
+  ibv_mr* mr2 = ibv_reg_mr(pd_, other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr2, nullptr);
+  // The first message into a buffer of that MR fills the sender's cache of
+  // its key (the general path), the second takes the leaf.
+  ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(other.data()) + 2048, 64, mr2->lkey},
+                    {reinterpret_cast<uint64_t>(other.data()), 64, mr2->lkey}};
+  ibv_recv_wr wr[2]{};
+  for (int k = 0; k < 2; ++k) {
+    wr[k].wr_id = 11 + k;
+    wr[k].sg_list = &sge[k];
+    wr[k].num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(ibv_post_srq_recv(s, &wr[k], &bad), 0);
+  }
+  ibv_wc snd{}, rcv{};
+  ASSERT_EQ(send(c, 4, 32768, 8), 0);
+  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+  ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+  ASSERT_EQ(rcv.wr_id, 11u);
+  std::memset(other.data() + 2048, 0x77, 64);
+  ASSERT_EQ(send(c, 4, 32768, 8), 0);
+  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  ASSERT_EQ(ibv_dereg_mr(mr2), 0);
+  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+  EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << str(rcv);
+  EXPECT_EQ(rcv.wr_id, 12u);
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(other[i], 0x77) << "byte " << i << " was written";
+}
+
+// Into a receive CQ with completion timestamps, a small SEND's bytes go into
+// the buffer before its completion (a timestamp fills the completion's last
+// eight bytes): they arrive whole, and the completion has its stamp.
+TEST_F(SrqSmall, IntoACqWithTimestampsTheBytesArriveWhole) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 64;
+  ca.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
+  ASSERT_NE(cqx, nullptr) << std::strerror(errno);
+  ccq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_NE(ccq_, nullptr);
+  ibv_qp* sv = make_qp(s, nullptr, ibv_cq_ex_to_cq(cqx));
+  ASSERT_NE(sv, nullptr) << std::strerror(errno);
+  ibv_qp* c = harness::create_qp(pd_, ccq_, IBV_QPT_RC, 64, 16, 2, 64);
+  ASSERT_NE(c, nullptr) << std::strerror(errno);
+  qps_.push_back(c);
+  const uint16_t lid = harness::port_lid(ctx_);
+  ASSERT_EQ(connect_qp(sv, c->qp_num, lid, kAll), 0);
+  ASSERT_EQ(connect_qp(c, sv->qp_num, lid, kAll), 0);
+  for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x40 + i);
+  // The first fills the sender's caches (the general path), the rest may
+  // take the leaf.
+  for (uint32_t k = 0; k < 4; ++k) {
+    const uint32_t len = 5 + 4 * k;  // 5 to 17
+    std::memset(buf_.data() + 8192, 0, 64);
+    ASSERT_EQ(post_srq(s, 20 + k, 8192, 64), 0);
+    ASSERT_EQ(send(c, 4, 32768, len), 0);
+    ibv_wc snd{};
+    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    ibv_poll_cq_attr pa{};
+    int rc = ENOENT;
+    for (int i = 0; i < 10'000'000 && rc == ENOENT; ++i) rc = ibv_start_poll(cqx, &pa);
+    ASSERT_EQ(rc, 0);
+    EXPECT_EQ(cqx->status, IBV_WC_SUCCESS);
+    EXPECT_EQ(cqx->wr_id, 20u + k);
+    EXPECT_EQ(ibv_wc_read_byte_len(cqx), len);
+    EXPECT_NE(ibv_wc_read_completion_ts(cqx), 0u);
+    ibv_end_poll(cqx);
+    for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(buf_[8192 + i], 0x40 + i) << len << " bytes: byte " << i;
+    EXPECT_EQ(buf_[8192 + len], 0);
+  }
+  forget_qp(sv);
+  ASSERT_EQ(ibv_destroy_qp(sv), 0);
+  ASSERT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)), 0);
+}
+
 }  // namespace

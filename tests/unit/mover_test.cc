@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: MIT
 //
 // Unit tests for src/mover.h's inline helpers of the small-message path:
-// move_out_small copies exactly the bytes asked for, and own_dest_line (the
+// move_out_small copies exactly the bytes asked for, own_dest_line (the
 // hint that takes a receive buffer's line for writing before a send stores
-// into it) changes no byte wherever it points.
+// into it) changes no byte wherever it points, and load_small / load_upto20
+// (a small message's bytes into registers, for its completion) give exactly
+// the bytes asked for and read none past them.
 
 #include "mover.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
@@ -59,6 +63,37 @@ TEST(MoveOutSmall, CopiesExactlyTheBytesAskedFor) {
   EXPECT_FALSE(move_out_small(dst.data(), src.data(), 17));
   EXPECT_FALSE(move_out_small(dst.data() + 4, dst.data(), 12));
   for (unsigned char b : dst) ASSERT_EQ(b, 0xa5);
+}
+
+// Every length from 1 to 20 bytes, ending right before a page nobody may
+// read (PROT_NONE): a load past the message would fault the test. The bytes
+// come back in place (0-7 in lo, 8-15 in hi, 16-19 in top), zero past len.
+TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(m);
+  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);
+  const std::array<unsigned char, 256> pat = pattern();
+  for (uint32_t len = 1; len <= 20; ++len) {
+    unsigned char* s = base + page - len;
+    std::memcpy(s, pat.data(), len);
+    uint64_t lo = ~0ull, hi = ~0ull;
+    uint32_t top = ~0u;
+    load_upto20(s, len, &lo, &hi, &top);
+    unsigned char got[20];
+    std::memcpy(got, &lo, 8);
+    std::memcpy(got + 8, &hi, 8);
+    std::memcpy(got + 16, &top, 4);
+    for (uint32_t i = 0; i < 20; ++i) ASSERT_EQ(got[i], i < len ? pat[i] : 0) << "len " << len << " byte " << i;
+    if (len <= 16) {
+      uint64_t lo2 = ~0ull, hi2 = ~0ull;
+      load_small(s, len, &lo2, &hi2);
+      EXPECT_EQ(lo2, lo) << len;
+      EXPECT_EQ(hi2, hi) << len;
+    }
+  }
+  munmap(m, 2 * page);
 }
 
 }  // namespace
