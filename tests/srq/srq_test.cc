@@ -703,53 +703,64 @@ TEST_F(SrqSmall, BufferWithABadLkeyIsLocProtAtTheReceiverAndRemOpAtTheSender) {
   EXPECT_EQ(snd.status, IBV_WC_REM_OP_ERR) << str(snd);
 }
 
-// Every size the leaf takes (1 to 64 bytes), with and without an immediate:
-// up to 20 bytes (16 with an immediate) travel in the receive completion and
-// the receiver's poll puts them in the buffer, the rest go into the buffer
-// first; both arrive byte for byte, nothing around them changes, and the
-// completion says what a SEND's says.
+// Every size the leaf takes (1 to 64 bytes), with and without an immediate,
+// two SENDs each: the first after a receive was polled (an answer: its bytes
+// go into the buffer), the second right after the first (a stream: up to 20
+// bytes, 16 with an immediate, travel in the receive completion and the
+// receiver's poll puts them in the buffer). Both arrive byte for byte,
+// nothing around them changes, and each completion says what a SEND's says.
 TEST_F(SrqSmall, EverySizeWithAndWithoutImmediateArrivesExactly) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
   ibv_qp *c, *sv;
   warm_pair(s, &c, &sv);
   if (HasFatalFailure()) return;
-  constexpr uint64_t kSrc = 32768, kDst = 8192;
+  constexpr uint64_t kSrc = 32768, kDst[2] = {8192, 8192 + 256};
   for (uint32_t i = 0; i < 64; ++i) buf_[kSrc + i] = static_cast<uint8_t>(0x11 + 3 * i);
   for (int with_imm = 0; with_imm < 2; ++with_imm)
     for (uint32_t len = 1; len <= 64; ++len) {
-      std::memset(buf_.data() + kDst, 0x5a, 128);
-      ASSERT_EQ(post_srq(s, 1000 + len, kDst + 16, 100), 0);
-      ASSERT_EQ(send(c, 2000 + len, kSrc, len, 0xabc00 + len, with_imm), 0);
-      ibv_wc snd{}, rcv{};
-      ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
-      ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
-      EXPECT_EQ(snd.wr_id, 2000u + len);
-      ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
-      ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv) << " at " << len << " bytes";
-      EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
-      EXPECT_EQ(rcv.wr_id, 1000u + len);
-      EXPECT_EQ(rcv.byte_len, len);
-      EXPECT_EQ(rcv.qp_num, sv->qp_num);
-      EXPECT_EQ(rcv.src_qp, c->qp_num);
-      EXPECT_EQ(rcv.slid, harness::port_lid(ctx_));
-      EXPECT_EQ(rcv.wc_flags & IBV_WC_WITH_IMM, with_imm ? uint32_t{IBV_WC_WITH_IMM} : 0u) << len;
-      if (with_imm) {
-        EXPECT_EQ(ntohl(rcv.imm_data), 0xabc00 + len);
+      for (int k = 0; k < 2; ++k) {
+        std::memset(buf_.data() + kDst[k], 0x5a, 128);
+        ASSERT_EQ(post_srq(s, 1000 + 100 * k + len, kDst[k] + 16, 100), 0);
       }
-      for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(buf_[kDst + i], 0x5a) << len << " bytes: byte " << i << " before";
-      for (uint32_t i = 0; i < len; ++i)
-        ASSERT_EQ(buf_[kDst + 16 + i], static_cast<uint8_t>(0x11 + 3 * i)) << len << " bytes: byte " << i;
-      for (uint32_t i = 16 + len; i < 128; ++i) ASSERT_EQ(buf_[kDst + i], 0x5a) << len << " bytes: byte " << i - 16;
+      for (int k = 0; k < 2; ++k) {
+        ASSERT_EQ(send(c, 2000 + 100 * k + len, kSrc, len, 0xabc00 + len, with_imm), 0);
+        ibv_wc snd{};
+        ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+        ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+        EXPECT_EQ(snd.wr_id, 2000u + 100 * k + len);
+      }
+      for (int k = 0; k < 2; ++k) {
+        ibv_wc rcv{};
+        ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+        ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv) << " at " << len << " bytes, send " << k;
+        EXPECT_EQ(rcv.opcode, IBV_WC_RECV);
+        EXPECT_EQ(rcv.wr_id, 1000u + 100 * k + len);
+        EXPECT_EQ(rcv.byte_len, len);
+        EXPECT_EQ(rcv.qp_num, sv->qp_num);
+        EXPECT_EQ(rcv.src_qp, c->qp_num);
+        EXPECT_EQ(rcv.slid, harness::port_lid(ctx_));
+        EXPECT_EQ(rcv.wc_flags & IBV_WC_WITH_IMM, with_imm ? uint32_t{IBV_WC_WITH_IMM} : 0u) << len;
+        if (with_imm) {
+          EXPECT_EQ(ntohl(rcv.imm_data), 0xabc00 + len);
+        }
+        const uint64_t d = kDst[k];
+        for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(buf_[d + i], 0x5a) << len << " bytes, send " << k << ": byte " << i;
+        for (uint32_t i = 0; i < len; ++i)
+          ASSERT_EQ(buf_[d + 16 + i], static_cast<uint8_t>(0x11 + 3 * i)) << len << " bytes, send " << k << ": byte " << i;
+        for (uint32_t i = 16 + len; i < 128; ++i)
+          ASSERT_EQ(buf_[d + i], 0x5a) << len << " bytes, send " << k << ": byte " << i - 16;
+      }
     }
 }
 
-// The design, seen from outside: a small SEND into an SRQ lands in its
-// buffer when the receiver polls its completion, not before (its bytes
-// came in the completion), and a larger one lands before. (On the wire both
-// would be in the buffer by the time the completion can be polled; the
-// difference shows only to a reader that does not poll.)
-TEST_F(SrqSmall, ASmallSendLandsWhenItsCompletionIsPolled) {
+// The design, seen from outside: of two small SENDs into an SRQ in a row,
+// the first (after a receive was polled) lands in its buffer before its
+// completion is polled, the second when it is polled (its bytes came in the
+// completion); a larger second one lands before. (On the wire all would be
+// in the buffer by the time the completion can be polled; the difference
+// shows only to a reader that does not poll.)
+TEST_F(SrqSmall, ASmallSendInAStreamLandsWhenItsCompletionIsPolled) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
   ibv_qp *c, *sv;
@@ -757,26 +768,35 @@ TEST_F(SrqSmall, ASmallSendLandsWhenItsCompletionIsPolled) {
   if (HasFatalFailure()) return;
   for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x80 + i);
   for (const uint32_t len : {17u, 21u}) {
-    std::memset(buf_.data() + 8192, 0, 64);
+    std::memset(buf_.data() + 8192, 0, 512);
     ASSERT_EQ(post_srq(s, 3, 8192, 64), 0);
-    ASSERT_EQ(send(c, 4, 32768, len), 0);
-    ibv_wc snd{}, rcv{};
-    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
-    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    ASSERT_EQ(post_srq(s, 5, 8192 + 256, 64), 0);
+    for (int k = 0; k < 2; ++k) {
+      ASSERT_EQ(send(c, 4, 32768, len), 0);
+      ibv_wc snd{};
+      ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+      ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    }
+    EXPECT_EQ(buf_[8192], 0x80) << "the first, an answer: not written before its completion was polled";
     if (len <= 20)
-      EXPECT_EQ(buf_[8192], 0) << "written before its completion was polled";
+      EXPECT_EQ(buf_[8192 + 256], 0) << "the second, in a stream: written before its completion was polled";
     else
-      EXPECT_EQ(buf_[8192], 0x80) << "not written before its completion was polled";
-    ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
-    ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
-    EXPECT_EQ(rcv.byte_len, len);
-    for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(buf_[8192 + i], 0x80 + i) << len << " bytes: byte " << i;
+      EXPECT_EQ(buf_[8192 + 256], 0x80) << "too large to go in its completion: not written before it was polled";
+    for (int k = 0; k < 2; ++k) {
+      ibv_wc rcv{};
+      ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+      ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+      EXPECT_EQ(rcv.wr_id, k ? 5u : 3u);
+      EXPECT_EQ(rcv.byte_len, len);
+      for (uint32_t i = 0; i < len; ++i)
+        ASSERT_EQ(buf_[8192 + 256 * k + i], 0x80 + i) << len << " bytes, send " << k << ": byte " << i;
+    }
   }
 }
 
-// The receive completion of a small SEND outlives the QP it came to, as any
-// completion does: polled after the QP's destruction, it still puts the
-// bytes in and hands out the WQE.
+// The receive completion of a small SEND that came in it outlives the QP it
+// came to, as any completion does: polled after the QP's destruction, it
+// still puts the bytes in and hands out the WQE.
 TEST_F(SrqSmall, ASmallSendsCompletionOutlivesItsQp) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
@@ -784,21 +804,28 @@ TEST_F(SrqSmall, ASmallSendsCompletionOutlivesItsQp) {
   warm_pair(s, &c, &sv);
   if (HasFatalFailure()) return;
   for (uint32_t i = 0; i < 8; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x30 + i);
-  std::memset(buf_.data() + 8192, 0, 64);
+  std::memset(buf_.data() + 8192, 0, 512);
   ASSERT_EQ(post_srq(s, 9, 8192, 64), 0);
-  ASSERT_EQ(send(c, 4, 32768, 8), 0);
-  ibv_wc snd{}, rcv{};
-  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
-  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  ASSERT_EQ(post_srq(s, 10, 8192 + 256, 64), 0);
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_EQ(send(c, 4, 32768, 8), 0);
+    ibv_wc snd{};
+    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  }
+  ASSERT_EQ(buf_[8192 + 256], 0) << "the second did not come in its completion";
   const uint32_t qpn = sv->qp_num;
   forget_qp(sv);
   ASSERT_EQ(ibv_destroy_qp(sv), 0);
-  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
-  EXPECT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
-  EXPECT_EQ(rcv.wr_id, 9u);
-  EXPECT_EQ(rcv.qp_num, qpn);
-  EXPECT_EQ(rcv.byte_len, 8u);
-  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(buf_[8192 + i], 0x30 + i) << "byte " << i;
+  for (int k = 0; k < 2; ++k) {
+    ibv_wc rcv{};
+    ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+    EXPECT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+    EXPECT_EQ(rcv.wr_id, 9u + k);
+    EXPECT_EQ(rcv.qp_num, qpn);
+    EXPECT_EQ(rcv.byte_len, 8u);
+    for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(buf_[8192 + 256 * k + i], 0x30 + i) << "send " << k << ": byte " << i;
+  }
 }
 
 // A small SEND's buffer is checked again when its completion is polled:
@@ -816,7 +843,9 @@ TEST_F(SrqSmall, ABufferDeregisteredBeforeThePollIsNotWritten) {
   ibv_mr* mr2 = ibv_reg_mr(pd_, other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE);
   ASSERT_NE(mr2, nullptr);
   // The first message into a buffer of that MR fills the sender's cache of
-  // its key (the general path), the second takes the leaf.
+  // its key (the general path, after a receive was polled: the bytes go into
+  // the buffer); the second takes the leaf right after it (no receive
+  // polled: its bytes come in its completion).
   ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(other.data()) + 2048, 64, mr2->lkey},
                     {reinterpret_cast<uint64_t>(other.data()), 64, mr2->lkey}};
   ibv_recv_wr wr[2]{};
@@ -827,22 +856,23 @@ TEST_F(SrqSmall, ABufferDeregisteredBeforeThePollIsNotWritten) {
     ibv_recv_wr* bad = nullptr;
     ASSERT_EQ(ibv_post_srq_recv(s, &wr[k], &bad), 0);
   }
-  ibv_wc snd{}, rcv{};
-  ASSERT_EQ(send(c, 4, 32768, 8), 0);
-  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
-  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
-  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
-  ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
-  ASSERT_EQ(rcv.wr_id, 11u);
-  std::memset(other.data() + 2048, 0x77, 64);
-  ASSERT_EQ(send(c, 4, 32768, 8), 0);
-  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
-  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  for (uint32_t i = 0; i < 8; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x30 + i);
+  for (int k = 0; k < 2; ++k) {
+    ibv_wc snd{};
+    ASSERT_EQ(send(c, 4, 32768, 8), 0);
+    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  }
   ASSERT_EQ(ibv_dereg_mr(mr2), 0);
-  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
-  EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << str(rcv);
-  EXPECT_EQ(rcv.wr_id, 12u);
-  for (int i = 0; i < 4096; ++i) ASSERT_EQ(other[i], 0x77) << "byte " << i << " was written";
+  ibv_wc rcv[2]{};
+  ASSERT_EQ(poll_n(cq_, &rcv[0], 1), 1);
+  ASSERT_EQ(poll_n(cq_, &rcv[1], 1), 1);
+  EXPECT_EQ(rcv[0].status, IBV_WC_SUCCESS) << str(rcv[0]);
+  EXPECT_EQ(rcv[0].wr_id, 11u);
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(other[2048 + i], 0x30 + i) << "the first's byte " << i;
+  EXPECT_EQ(rcv[1].status, IBV_WC_LOC_PROT_ERR) << str(rcv[1]);
+  EXPECT_EQ(rcv[1].wr_id, 12u);
+  for (int i = 0; i < 2048; ++i) ASSERT_EQ(other[i], 0x77) << "byte " << i << " of the second's buffer was written";
 }
 
 // Into a receive CQ with completion timestamps, a small SEND's bytes go into
