@@ -881,10 +881,11 @@ class LocalContext {
     uint32_t qpn = 0, pd = 0;
     // Or an RC or UC QP with an SRQ: its QP number | its PD << 32 (0: none),
     // which its SrqInlineCqes' poll (finish_srq_inline) reads without the
-    // lock; written under it. Kept when the QP is destroyed, until its index
-    // is reused: its receive completions still in a CQ are handed out, as
-    // those of any destroyed QP are.
+    // lock; written under it. Kept when the QP is destroyed (with
+    // kSrqQpGone), until its index is reused: its receive completions still
+    // in a CQ are handed out, as those of any destroyed QP are.
     std::atomic<uint64_t> srq_qp{0};
+    static constexpr uint64_t kSrqQpGone = uint64_t{1} << 63;
     Ring rq;  // its receive queue
     std::deque<StashedWqe> stash;  // WQEs stash_staged took, in ring order
   };
@@ -896,6 +897,9 @@ class LocalContext {
   // take_staged's: an SrqInlineCqe (payload, untrusted) into *w; false when
   // there is nothing to hand out (its QP is not ours, or it is bogus).
   [[gnu::always_inline]] inline bool finish_srq_inline(const std::byte* payload, ibv_wc* w) noexcept;
+  // Their responder error: QP qpn at index qi enters the error state, if it
+  // is still there (transport_staged.cc).
+  void staged_responder_error(uint32_t qi, uint32_t qpn) noexcept;
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends

@@ -249,6 +249,8 @@ int LocalContext::destroy_qp(Qp* qp, uint32_t handle_xrcd) noexcept {
     StagedRx& sr = staged_rx_[qp->index];
     std::lock_guard g(sr.lock);
     sr.live = false;
+    if (const uint64_t q = sr.srq_qp.load(std::memory_order_relaxed))
+      sr.srq_qp.store(q | StagedRx::kSrqQpGone, std::memory_order_release);
     sr.rq = Ring{};
     std::deque<StashedWqe>().swap(sr.stash);
   }

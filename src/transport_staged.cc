@@ -485,14 +485,7 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
     }
     if (status == IBV_WC_SUCCESS && done < len) status = IBV_WC_LOC_LEN_ERR;
     byte_len = status == IBV_WC_SUCCESS ? len : 0;
-    if (status != IBV_WC_SUCCESS) {
-      // A responder error, as deliver's: the QP enters the error state and
-      // is flushed at our next progress pass.
-      layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
-      e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
-      layout::bump_version(e);
-      header()->attention.fetch_add(1, std::memory_order_release);
-    }
+    if (status != IBV_WC_SUCCESS) staged_responder_error(qi, c.qp_num & limits::kQpnMask);
   }
   w->wr_id = wqe.wr_id;
   w->status = static_cast<ibv_wc_status>(status);
@@ -516,7 +509,7 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
   if (qi >= layout_.qp_slots) return false;
   const uint64_t qp = staged_rx_[qi].srq_qp.load(std::memory_order_acquire);
   if (qp == 0 || static_cast<uint32_t>(qp) != (c.qp_num & limits::kQpnMask)) return false;  // not ours (any more)
-  const uint32_t pd = static_cast<uint32_t>(qp >> 32);
+  const uint32_t pd = static_cast<uint32_t>((qp & ~StagedRx::kSrqQpGone) >> 32);
   const bool imm = c.flags & layout::kCqeSrqImm;
   const uint32_t len = c.src_qp_len >> 24;
   const uint64_t addr = uint64_t{c.addr_hi} << 32 | c.addr_lo;
@@ -536,13 +529,7 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
       status = IBV_WC_LOC_PROT_ERR;
     }
   }
-  if (status != IBV_WC_SUCCESS) {
-    // A responder error (finish_staged's): the QP enters the error state.
-    layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
-    e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
-    layout::bump_version(e);
-    header()->attention.fetch_add(1, std::memory_order_release);
-  }
+  if (status != IBV_WC_SUCCESS) staged_responder_error(qi, c.qp_num & limits::kQpnMask);
   // Its take tag, as take_cqe notes a receive's (before the slot's release).
   last_recv_tag_[qi].store(c.take_tag, std::memory_order_relaxed);
   w->wr_id = c.wr_id;
@@ -561,6 +548,24 @@ bool LocalContext::finish_staged(const std::byte* payload, ibv_wc* w) noexcept {
   w->sl = 0;
   w->dlid_path_bits = 0;
   return true;
+}
+
+// A responder error of a staged receive (finish_staged, finish_srq_inline),
+// as deliver's: the QP enters the error state and is flushed at our next
+// progress pass. Only if the QP at index qi is still QP qpn, looked at under
+// its StagedRx lock, which create_qp and destroy_qp take when they begin and
+// end a QP there: a completion polled after its QP's destruction reports
+// its error without putting a QP created at that index meanwhile in error.
+void LocalContext::staged_responder_error(uint32_t qi, uint32_t qpn) noexcept {
+  StagedRx& sr = staged_rx_[qi];
+  BiasingGuard g(sr.lock);
+  const uint64_t sq = sr.srq_qp.load(std::memory_order_relaxed);
+  if (!(sr.live && sr.qpn == qpn) && !(sq != 0 && !(sq & StagedRx::kSrqQpGone) && static_cast<uint32_t>(sq) == qpn))
+    return;
+  layout::QpEntry* e = table<layout::QpEntry>(layout_.qp_table) + qi;
+  e->qp_state.store(IBV_QPS_ERR, std::memory_order_release);
+  layout::bump_version(e);
+  header()->attention.fetch_add(1, std::memory_order_release);
 }
 
 int LocalContext::take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w, uint64_t* ts) noexcept {

@@ -873,6 +873,11 @@ TEST_F(SrqSmall, ABufferDeregisteredBeforeThePollIsNotWritten) {
   EXPECT_EQ(rcv[1].status, IBV_WC_LOC_PROT_ERR) << str(rcv[1]);
   EXPECT_EQ(rcv[1].wr_id, 12u);
   for (int i = 0; i < 2048; ++i) ASSERT_EQ(other[i], 0x77) << "byte " << i << " of the second's buffer was written";
+  // A responder error: the receiving QP is in the error state.
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qia{};
+  ASSERT_EQ(ibv_query_qp(sv, &qa, IBV_QP_STATE, &qia), 0);
+  EXPECT_EQ(qa.qp_state, IBV_QPS_ERR);
 }
 
 // Into a receive CQ with completion timestamps, a small SEND's bytes go into
