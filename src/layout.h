@@ -765,13 +765,14 @@ static_assert(std::is_trivially_copyable_v<StagedCqe>);
 // the message, but does not write that buffer: it names it here (addr and
 // lkey, the WQE's first SGE) and the receiver's poll checks it against its
 // own MRs as a receive buffer of the QP's PD and copies the bytes in
-// (finish_srq_inline, transport_staged.cc). So the receiver waits for one
-// line the initiator wrote, not two (the completion's and the buffer's),
-// and its application finds the bytes in its own cache. Same size and slot
-// as a Cqe, told by its status; qp_num, slid, flags and take_tag where a Cqe
-// has them (the take protocol's recovery looks for the tag:
-// recv_completion_delivered). Never in a CQ with timestamps (its last eight
-// bytes are data).
+// (finish_srq_inline, transport_staged.cc). So the initiator writes one
+// line of the receiver's, not two (the completion's and the buffer's); the
+// receiver then stores the bytes into the buffer itself, on its critical
+// path, which is why only a stream's messages take this way (srq_send_leaf).
+// Same size and slot as a Cqe, told by its status; qp_num, slid, flags and
+// take_tag where a Cqe has them (the take protocol's recovery looks for the
+// tag: recv_completion_delivered). Never in a CQ with timestamps (its last
+// eight bytes are data).
 inline constexpr uint32_t kSrqInlineStatus = 0x51495253;
 inline constexpr uint32_t kSrqInlineMaxData = 20;     // without an immediate
 inline constexpr uint32_t kSrqInlineMaxDataImm = 16;  // with one (kCqeSrqImm)
