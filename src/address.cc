@@ -66,7 +66,7 @@ void LocalContext::resolve_address(const AddressVector& av, Resolved* r) noexcep
 
 void LocalContext::set_destination(Qp* qp, const Resolved& r) noexcept {
   qp->tgt = Qp::TargetCache{};  // post_send checks the target in full again (transport_post.cc)
-  qp->peer_dev = r.dev;
+  qp->set_peer_dev(r.dev);
   qp->peer_port = r.port;
   qp->path_by_gid = r.by_gid;
   qp->peer_gid_seq = r.seq;

@@ -83,6 +83,7 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
   c->self_peer_.home_id = c->dir_.self_id();
   c->self_peer_.slot = c->slot_;
   c->self_peer_.generation = c->generation_;
+  c->holder_word_ = layout::holder_word(layout::make_holder(c->dir_.self_id(), c->slot_), c->generation_);
   c->self_peer_.pid = self_process().pid;
   c->self_peer_.start_time = self_process().start_time;
   c->self_peer_.self_process = true;

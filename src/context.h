@@ -382,18 +382,35 @@ class LocalContext {
   using GeneralPost = int (*)(void* arg, const ibv_send_wr* wr) noexcept;
   // ibv_post_send (the provider's post_send): a single small WRITE is
   // offered to write_leaf first (transport_post.cc), a single small SEND to
-  // send_leaf (transport_staged.cc), each a call that keeps only the
-  // provider's three arguments across it; the rest, and what a leaf
-  // declines, through post_send_list. kArmed: done, and the send CQ is armed
-  // for this completion (leaf_armed fires it).
+  // send_leaf (transport_staged.cc) or srq_send_leaf (transport_take.cc).
+  // Each takes ibv_post_send's arguments and returns its answer, so that
+  // the provider tail-calls it: no frame between ibv_post_send and the
+  // leaf (post_send_list's arg for general is the QP's user, its ibv_qp). What a leaf
+  // declines (Leaf::kNotHandled) goes on through post_send_list
+  // (leaf_declined, out of line); kArmed: done, and the send CQ is armed
+  // for this completion (leaf_declined fires it).
   enum class Leaf { kDone, kArmed, kNotHandled };
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                      void* arg) noexcept;
-  [[gnu::noinline]] Leaf write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline]] Leaf send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
-  // The single small SEND into a QP with an SRQ (transport_take.cc).
-  [[gnu::noinline]] Leaf srq_send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline, gnu::cold]] int leaf_armed(Qp* qp) noexcept;
+  [[gnu::noinline]] int write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
+  // A leaf's end, under qp's sq_lock (the post's bad_wr in qp->leaf_bad_wr):
+  // unlocks it, and then 0 or what leaf_declined answers.
+  [[gnu::always_inline]] int leaf_unlock(Qp* qp, ibv_send_wr* wr, Leaf r) noexcept {
+    if (r == Leaf::kDone) [[likely]] {
+      qp->sq_lock.unlock_owner();
+      return 0;
+    }
+    ibv_send_wr** bad_wr = qp->leaf_bad_wr;
+    qp->sq_lock.unlock_owner();
+    return leaf_declined(qp, wr, bad_wr, r);
+  }
+  // The provider's conversion that post_send_list hands what it does not
+  // take (its `general`), for leaf_declined: set once, when the provider
+  // opens the context.
+  void set_leaf_general(GeneralPost general) noexcept { leaf_general_ = general; }
   // The post's source SGE checked against our MR table in one word
   // (MrState::fast_match: live, an MR, not on-demand, this lkey and the QP's
   // PD), then the range: its local address, or nullptr (the general path
@@ -596,10 +613,15 @@ class LocalContext {
     uint64_t ring_off = 0, ring_bytes = 0;
     WqInfo info{};
   };
-  struct MrState {
+  // A cache line apart (alignas: an entry is two lines, its index a shift),
+  // what a post's source check reads (fast_source) in its first 32 bytes.
+  struct alignas(64) MrState {
+    // post_send's one-word check of an SGE's MR (mr_fast_match): set while
+    // this is a live MR (not a window) that is not on-demand, else 0.
+    uint64_t fast_match = 0;
+    uint64_t addr = 0, length = 0, iova = 0;
     bool live = false;
     uint32_t pd = 0, lkey = 0, rkey = 0, access = 0;
-    uint64_t addr = 0, length = 0, iova = 0;
     SharedRegion region;  // the mapped tier's region (memfd -1: CMA tier)
     // Windows (kind != kKindMr): the current rkey and the MR the last bind
     // bound it to (kNoIndex: unbound). Whether it is still valid is the
@@ -607,10 +629,8 @@ class LocalContext {
     uint32_t kind = layout::kKindMr;
     uint32_t mw_key = 0;
     uint32_t mw_mr = layout::kNoIndex;
-    // post_send's one-word check of an SGE's MR (mr_fast_match): set while
-    // this is a live MR (not a window) that is not on-demand, else 0.
-    uint64_t fast_match = 0;
   };
+  static_assert(sizeof(MrState) == 128);
   // What MrState::fast_match holds for an SGE with `lkey` posted on a QP of PD `pd`.
   static constexpr uint64_t mr_fast_match(uint32_t pd, uint32_t lkey) noexcept {
     return uint64_t{1} << 63 | uint64_t{pd & 0x7fffffff} << 32 | lkey;
@@ -891,6 +911,7 @@ class LocalContext {
   };
   std::unique_ptr<StagedRx[]> staged_rx_;
   bool staged_send_ = true;  // SHMRDMA_STAGED_SEND=0: this context's sends never stage
+  GeneralPost leaf_general_ = nullptr;  // set_leaf_general
   // take_staged's: a staged CQE (payload, untrusted) into *w; false when
   // there is nothing to hand out (not ours any more, or bogus).
   bool finish_staged(const std::byte* payload, ibv_wc* w) noexcept;
@@ -901,6 +922,9 @@ class LocalContext {
   // is still there (transport_staged.cc).
   void staged_responder_error(uint32_t qi, uint32_t qpn) noexcept;
   bool context_dead(uint32_t holder, uint32_t generation) noexcept;  // holder: layout.h make_holder
+  bool holder_dead(uint64_t word) noexcept {  // QpEntry::rx_holder
+    return context_dead(layout::holder_of(word), layout::holder_generation(word));
+  }
   bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   // Nonzero while a thread runs progress for an application that does not
@@ -943,8 +967,9 @@ class LocalContext {
   // Every device of the home (directory.h): peers are (device, slot).
   DeviceDirectory dir_;
   Peer self_peer_;
-  // Home-wide identity of this context as a take holder (layout.h make_holder).
-  uint32_t holder_id() const noexcept { return layout::make_holder(dir_.self_id(), slot_); }
+  // This context as a take holder, home-wide, with its generation
+  // (layout.h holder_word of make_holder(home id, slot)): set by open.
+  uint64_t holder_word_ = 0;
   // The peer context owning QPN qpn on device dev (mapped on first use).
   std::shared_ptr<Peer> peer_of(HomeDevice* dev, uint32_t qpn) noexcept {
     return dev ? dev->peers.get(*dev, layout::qpn_slot(qpn), self_peer_) : nullptr;

@@ -102,7 +102,9 @@ struct QpCounting {
   uint64_t rnr_wait = 0;   // start of the RNR wait whose NAKs are counted
   uint64_t rnr_naks = 0;   // NAKs counted in that wait
   // count::sent_rc's groups (kGroupLocal for port, kGroupRemote for rport
-  // and rtag) once group() returned both for them; cleared by relabel.
+  // and rtag) once group() returned both for them; cleared by relabel and
+  // when Qp::peer_dev changes (Qp::set_peer_dev), so that count::fast_groups
+  // need not compare rdev.
   // Only this QP's send side switches its record's labels (RC/UC count in
   // these two alone), so they stay the groups group() would return.
   std::atomic<uint64_t>* fast_local = nullptr;

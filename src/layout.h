@@ -184,6 +184,12 @@ inline constexpr uint32_t kMaxHomeId = 0xfffffe;  // 24 bits (holder ids are hom
 inline constexpr uint32_t make_holder(uint32_t home_id, uint32_t slot) { return (home_id << 8) | (slot & 0xff); }
 inline constexpr uint32_t holder_home_id(uint32_t holder) { return holder >> 8; }
 inline constexpr uint32_t holder_slot(uint32_t holder) { return holder & 0xff; }
+// A take holder with its context's generation (QpEntry::rx_holder).
+inline constexpr uint64_t holder_word(uint32_t holder, uint32_t generation) {
+  return holder | uint64_t{generation} << 32;
+}
+inline constexpr uint32_t holder_of(uint64_t word) { return static_cast<uint32_t>(word); }
+inline constexpr uint32_t holder_generation(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
 static_assert(sizeof(DeviceRecord) == 96 + 16 * limits::kMaxPorts + sizeof(NetBinding));
 static_assert(std::is_trivially_copyable_v<DeviceRecord>, "Registry::attach takes a private copy");
 
@@ -493,12 +499,14 @@ struct QpEntry {
   // position the holder announced before each attempt to claim it (ring.h
   // try_claim_announced), so a holder that dies with the slot claimed and
   // unreleased leaves a trace of it and the slot can be adopted.
-  // rx_holder_slot is home-wide: make_holder(home id of the initiator's
-  // device, its context slot), so an initiator on another device of the
-  // home is checked for liveness in its own device's registry.
+  // rx_holder: holder_word(holder, generation), one word so that the
+  // holder writes it with one store and a reader never pairs one holder's
+  // slot with another's generation; the holder is home-wide:
+  // make_holder(home id of the initiator's device, its context slot), so an
+  // initiator on another device of the home is checked for liveness in its
+  // own device's registry.
   std::atomic<uint32_t> rx_take;
-  std::atomic<uint32_t> rx_holder_slot;
-  std::atomic<uint32_t> rx_holder_generation;
+  std::atomic<uint64_t> rx_holder;
   std::atomic<uint64_t> rx_take_wr_id;
   // rx_take_srqn: the XRC SRQ the receive in rx_take was taken from (written
   // by the holder before it moves the record to taken), so its completion or
@@ -531,6 +539,7 @@ struct QpEntry {
   uint32_t reserved_line2[8];
 };
 static_assert(sizeof(QpEntry) == 192);
+static_assert(offsetof(QpEntry, rx_holder) == offsetof(QpEntry, rx_take) + 4, "beside rx_take, in its line");
 static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiator_waiting) == 128);
 static_assert(offsetof(QpEntry, version) / kCacheLine == 2,
               "apart from the take record: a WRITE's check reads a line only RNR waits write");

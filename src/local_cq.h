@@ -74,6 +74,7 @@
 // completion waits: the empty poll, which reads only this word, misses none.
 #pragma once
 
+#include <emmintrin.h>
 #include <infiniband/verbs.h>
 
 #include <atomic>
@@ -148,7 +149,7 @@ class LocalCq {
     return slots_ + (pos & mask_);
   }
   // A send completion into slot s (opcode: an ibv_wc_opcode), every other
-  // field 0, in six 8-byte stores.
+  // field 0, in four stores.
   [[gnu::always_inline]] static void fill(LocalCqSlot* s, uint64_t wr_id, uint32_t status, uint32_t opcode,
                                           uint32_t byte_len, uint32_t qp_num) noexcept {
     static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, status) == 8 && offsetof(ibv_wc, opcode) == 12 &&
@@ -156,13 +157,15 @@ class LocalCq {
                   offsetof(ibv_wc, qp_num) == 28 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
     auto* d = reinterpret_cast<char*>(&s->wc);
     const uint64_t w1 = uint64_t{opcode} << 32 | status, w2 = uint64_t{byte_len} << 32,
-                   w3 = uint64_t{qp_num} << 32, zero = 0;
+                   w3 = uint64_t{qp_num} << 32;
     __builtin_memcpy(d, &wr_id, 8);
-    __builtin_memcpy(d + 8, &w1, 8);
-    __builtin_memcpy(d + 16, &w2, 8);
+    // Bytes 8-23 and 32-47 in one 16-byte store each: a success's status,
+    // and a SEND's opcode and byte_len, are 0, so the common completion
+    // writes one zero register twice.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 8),
+                     _mm_set_epi64x(static_cast<int64_t>(w2), static_cast<int64_t>(w1)));
     __builtin_memcpy(d + 24, &w3, 8);
-    __builtin_memcpy(d + 32, &zero, 8);
-    __builtin_memcpy(d + 40, &zero, 8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm_setzero_si128());
   }
   [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
     s->seq.store(pos + 1, std::memory_order_release);

@@ -108,8 +108,7 @@ int LocalContext::create_qp(const QpCreateArgs& a, Qp** out) noexcept {
   e->access = 0;
   e->initiator_waiting.store(0, std::memory_order_relaxed);
   e->rx_take.store(0, std::memory_order_relaxed);
-  e->rx_holder_slot.store(layout::kNoIndex, std::memory_order_relaxed);
-  e->rx_holder_generation.store(0, std::memory_order_relaxed);
+  e->rx_holder.store(layout::holder_word(layout::kNoIndex, 0), std::memory_order_relaxed);
   e->rx_take_wr_id.store(0, std::memory_order_relaxed);
   e->xrcd_dev = xrc_recv ? xrcds_[a.xrcd].dev : 0;
   e->xrcd_ino = xrc_recv ? xrcds_[a.xrcd].ino : 0;

@@ -176,6 +176,11 @@ struct Qp {
   uint32_t sq_mask = 0;
   uint32_t sq_retire = 0, sq_exec = 0, sq_tail = 0;
   std::atomic<uint32_t> sq_pending{0};  // WQEs posted but not executed (for progress from poll)
+  // The bad_wr of the post a leaf runs (under sq_lock), kept here rather
+  // than in a register across the leaf, which has none to spare (7
+  // instructions per SEND, callgrind): it is needed only when the leaf
+  // declines (LocalContext::leaf_declined).
+  ibv_send_wr** leaf_bad_wr = nullptr;
   // What the provider reads, without the lock, before it offers a WR to a
   // leaf (write_leaf, send_leaf, srq_send_leaf): a hint only (each leaf
   // checks it all again under sq_lock); written under sq_lock. kLeafQueued:
@@ -222,6 +227,12 @@ struct Qp {
   // (ud_av: that vector's address; resolved again when it changes).
   HomeDevice* peer_dev = nullptr;
   uint32_t peer_port = 0;
+  // Every change of peer_dev goes through here: the counters' fast groups
+  // (QpCounting::fast_local) were made for the old one.
+  void set_peer_dev(HomeDevice* d) noexcept {
+    peer_dev = d;
+    cnt.fast_local = cnt.fast_remote = nullptr;
+  }
   uint64_t resolve_retry_ns = 0;  // RC/UC without peer_dev: when resolution was last tried
   // RoCE (address.cc Resolved): peer_dev was found by GID and holds while
   // its port's table keeps peer_gid_seq and ours own_gid_seq; ud_sgid: our

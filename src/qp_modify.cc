@@ -292,7 +292,7 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     (void)reclaim_take(qp, &discarded_wr_id, &discarded_srqn);
     take_discard(e);
     qp->reset_connection_state();
-    qp->peer_dev = nullptr;
+    qp->set_peer_dev(nullptr);
     qp->peer_port = 0;
     qp->ud_av_valid = false;
     e->dest_device = 0;

@@ -69,8 +69,8 @@ void drain_recv_ring(Ring ring, F&& on_wqe) noexcept {
 // delivering into a QP. One at a time per QP; see transport.cc.
 inline uint32_t take_next_idle(uint32_t v) noexcept { return (v & ~layout::kTakeMask) + 4; }
 
-// Idle -> reserved by (slot, generation). false with *v the busy value.
-inline bool take_reserve(layout::QpEntry* t, uint32_t slot, uint32_t generation, uint32_t* v) noexcept {
+// Idle -> reserved by holder (layout::holder_word). false with *v the busy value.
+inline bool take_reserve(layout::QpEntry* t, uint64_t holder, uint32_t* v) noexcept {
   uint32_t cur = t->rx_take.load(std::memory_order_acquire);
   *v = cur;
   if ((cur & layout::kTakeMask) != layout::kTakeIdle) return false;
@@ -80,8 +80,7 @@ inline bool take_reserve(layout::QpEntry* t, uint32_t slot, uint32_t generation,
     *v = cur;
     return false;
   }
-  t->rx_holder_slot.store(slot, std::memory_order_relaxed);
-  t->rx_holder_generation.store(generation, std::memory_order_relaxed);
+  t->rx_holder.store(holder, std::memory_order_relaxed);
   *v = cur | layout::kTakeReserved;
   return true;
 }
@@ -105,14 +104,14 @@ inline bool take_hold(layout::QpEntry* t, uint32_t reserved, uint64_t wr_id, uin
 }
 
 // Takes over record v (reserved or taken) of a dead holder: it becomes
-// reserved by (slot, generation) with a new counter, keeping the position
-// the dead holder announced, whose slot the new holder then adopts. false
-// when v changed (someone else took it over or ended it). *nv: the new value.
-inline bool take_transfer(layout::QpEntry* t, uint32_t v, uint32_t slot, uint32_t generation, uint32_t* nv) noexcept {
+// reserved by holder (layout::holder_word) with a new counter, keeping the
+// position the dead holder announced, whose slot the new holder then adopts.
+// false when v changed (someone else took it over or ended it). *nv: the new
+// value.
+inline bool take_transfer(layout::QpEntry* t, uint32_t v, uint64_t holder, uint32_t* nv) noexcept {
   *nv = take_next_idle(v) | layout::kTakeReserved;
   if (!t->rx_take.compare_exchange_strong(v, *nv, std::memory_order_acq_rel)) return false;
-  t->rx_holder_slot.store(slot, std::memory_order_relaxed);
-  t->rx_holder_generation.store(generation, std::memory_order_relaxed);
+  t->rx_holder.store(holder, std::memory_order_relaxed);
   return true;
 }
 

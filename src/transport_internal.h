@@ -320,7 +320,7 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
 // tail of qp, into the slot its check looked at (peek_single: one producer,
 // under our sq_lock, so still the one at the FIFO's tail, still free). No
 // fence (complete_send, local_cq.h); a success qualifies for a
-// next-completion arming only: kArmed, and the caller fires it (leaf_armed).
+// next-completion arming only: kArmed, and the caller fires it (leaf_declined).
 [[gnu::always_inline]] inline LocalContext::Leaf leaf_complete(Qp* qp, uint64_t wr_id, uint32_t wc_opcode,
                                                                uint32_t tail) noexcept {
   LocalCq* l = qp->send_local;

@@ -436,23 +436,27 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   return leaf_complete(qp, wr.wr_id, IBV_WC_RDMA_WRITE, tail);  // complete_send's success
 }
 
-LocalContext::Leaf LocalContext::write_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
+int LocalContext::write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
   // post_send's shape checks for this one shape (a WR that fails one is
   // declined, and post_send reports it); the source: the inline bytes where
   // the application has them, or the SGE checked against our MR table as
   // execute_fast checks it.
   uint32_t len;
-  const void* src = leaf_source(qp, wr, &len);
-  if (!src || !qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
-  const Leaf r = write_leaf_locked(qp, wr, src, len);
-  qp->sq_lock.unlock_owner();
-  return r;
+  const void* src = leaf_source(qp, *wr, &len);
+  if (!src || !qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  qp->leaf_bad_wr = bad_wr;
+  const Leaf r = write_leaf_locked(qp, *wr, src, len);
+  return leaf_unlock(qp, wr, r);
 }
 
-// A leaf's WR completed into a send CQ armed for the next completion.
-int LocalContext::leaf_armed(Qp* qp) noexcept {
-  own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
-  return 0;
+// What a leaf did not finish: its WR completed into a send CQ armed for the
+// next completion (kArmed), or the WR goes the list's way (kNotHandled).
+int LocalContext::leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept {
+  if (r == Leaf::kArmed) {
+    own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
+    return 0;
+  }
+  return post_send_list(qp, wr, bad_wr, leaf_general_, qp->user);  // the provider's arg: its ibv_qp
 }
 
 int LocalContext::post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,

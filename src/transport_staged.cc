@@ -160,7 +160,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   if (rnr_wait && rnr_backing_off(qp, rq, rnr_look_now()))
     return Deliver::kNoReceive;  // before anything of the target's is written
   uint32_t v = 0;
-  if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kNotStaged;  // deliver handles a busy record
+  if (!take_reserve(t, holder_word_, &v)) return Deliver::kNotStaged;  // deliver handles a busy record
   // After the reservation (seq_cst): an owner's flush that began before it
   // is seen here; one that begins after it waits for our take_done.
   const uint32_t ts = t->qp_state.load(std::memory_order_seq_cst);
@@ -235,7 +235,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
 
 
 // ibv_post_send's cheapest SEND, tried before anything else (the provider's
-// post_leaf): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
+// post_send): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
 // (leaf_source: inline, or an SGE our MR table answers) into a QP without
 // an SRQ, staged (kStagedInline), with every cache answering: the target
 // entry, its receive ring and CQ, the receive buffer's key; its queue empty,
@@ -267,8 +267,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
   Peer& peer = *pp;
   layout::QpEntry* t = cached_target(qp, peer);
-  const uint32_t op = wr.opcode;
-  if (!t || !may_stage(op, t)) return Leaf::kNotHandled;
+  if (!t || !may_stage(wr.opcode, t)) return Leaf::kNotHandled;
   const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
   if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
   // The target's receive ring as cached (rq_ring's hit) and its receive CQ.
@@ -283,7 +282,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   // at rx_staged_next, published, whose first buffer holds the message
   // (anything else, catching up included, is deliver_staged's).
   uint32_t v = 0;
-  if (!take_reserve(t, holder_id(), generation_, &v)) return Leaf::kNotHandled;
+  if (!take_reserve(t, holder_word_, &v)) return Leaf::kNotHandled;
   const uint32_t ts = t->qp_state.load(std::memory_order_seq_cst);
   const uint32_t sn = t->rx_staged_next.load(std::memory_order_relaxed);
   RingHandle h{};
@@ -312,7 +311,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
                 offsetof(layout::StagedCqe, data2) == 48 && sizeof(layout::StagedCqe) == 56 &&
                 __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
   const auto fill = [&](std::byte* d) __attribute__((always_inline)) {
-    const bool imm = op == IBV_WR_SEND_WITH_IMM;
+    const bool imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
     const uint64_t slid = static_cast<uint16_t>(qp->tgt.slid);
     const auto put = [d](int i, uint64_t w) __attribute__((always_inline)) { std::memcpy(d + 8 * i, &w, 8); };
     put(0, uint64_t{sn} | lo << 32);
@@ -334,14 +333,14 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   // push_staged: the promise, the record ends; the next slot.
   t->rx_staged_next.store(sn + 1, std::memory_order_relaxed);
   take_done(t, v);
-  __builtin_prefetch(rc.ring.slot_address(sn + 1), 0);
+  __builtin_prefetch(rc.ring.following_slot(h), 0);
 
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done).
   if (std::atomic<uint64_t>* l = count::fast_groups(qp)) [[likely]] {
     count::sent_small_send(qp, l, len);
   } else {
-    count::sent_rc(cnt_, qp, op, len);
+    count::sent_rc(cnt_, qp, wr.opcode, len);
     count::recv_done(cnt_, qp, t, peer.device);
   }
   qp->sq_tail = qp->sq_exec = tail + 1;
@@ -349,11 +348,11 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
 }
 
-LocalContext::Leaf LocalContext::send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
-  if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
-  const Leaf r = send_leaf_locked(qp, wr);
-  qp->sq_lock.unlock_owner();
-  return r;
+int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  if (!qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  qp->leaf_bad_wr = bad_wr;
+  const Leaf r = send_leaf_locked(qp, *wr);
+  return leaf_unlock(qp, wr, r);
 }
 
 // send_leaf's receive completion went into a CQ armed for it: its channel
@@ -381,8 +380,7 @@ void LocalContext::stash_staged(Qp* qp) noexcept {
     if ((v & layout::kTakeMask) != layout::kTakeReserved) break;
     if ((i & 63) == 63) {
       if (now_ns() - start > 10'000'000ull ||
-          context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
-                       e->rx_holder_generation.load(std::memory_order_relaxed)))
+          holder_dead(e->rx_holder.load(std::memory_order_relaxed)))
         break;
       sched_yield();
     }

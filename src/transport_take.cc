@@ -89,8 +89,7 @@ bool LocalContext::srq_claim_live(Peer& peer, const layout::QpEntry* t, uint32_t
     if ((q->rx_take.load(std::memory_order_acquire) & layout::kTakeMask) == layout::kTakeIdle ||
         q->rx_take_pos.load(std::memory_order_relaxed) != pos)
       continue;
-    if (!context_dead(q->rx_holder_slot.load(std::memory_order_relaxed),
-                      q->rx_holder_generation.load(std::memory_order_relaxed)))
+    if (!holder_dead(q->rx_holder.load(std::memory_order_relaxed)))
       return true;
   }
   return false;
@@ -129,9 +128,7 @@ LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout
   }
   if (now - qp->busy_since_ns < 100'000'000ull) return TakeOver::kBusy;
   qp->busy_since_ns = now;  // look again in another grace period at most
-  uint32_t slot = t->rx_holder_slot.load(std::memory_order_relaxed);
-  uint32_t gen = t->rx_holder_generation.load(std::memory_order_relaxed);
-  if (!context_dead(slot, gen)) return TakeOver::kBusy;  // alive, or one of our own threads
+  if (!holder_dead(t->rx_holder.load(std::memory_order_relaxed))) return TakeOver::kBusy;  // alive, or one of our own threads
   uint64_t wr_id = t->rx_take_wr_id.load(std::memory_order_acquire);
   const uint32_t tsrqn = t->rx_take_srqn.load(std::memory_order_relaxed);
   const uint32_t st = v & layout::kTakeMask;
@@ -151,7 +148,7 @@ LocalContext::TakeOver LocalContext::take_holder_dead(Qp* qp, Peer& peer, layout
         if (now - qp->busy_claim_since_ns < 2'000'000'000ull) return TakeOver::kBusy;
         if (!xrc_t && srq_claim_live(peer, t, pos)) return TakeOver::kBusy;
       }
-      if (!take_transfer(t, v, holder_id(), generation_, nv)) return TakeOver::kBusy;
+      if (!take_transfer(t, v, holder_word_, nv)) return TakeOver::kBusy;
       if (!xrc_t || tsrqn == srqn) return TakeOver::kAdopted;
       // Another XRC SRQ's WQE: taken over like deliver does, then aborted.
       layout::RecvWqeHeader wqe;
@@ -194,8 +191,7 @@ void LocalContext::reclaim_dead_completion(Qp* qp) noexcept {
   layout::QpEntry* e = qp->shared;
   const uint32_t v = e->rx_take.load(std::memory_order_acquire);
   if ((v & layout::kTakeMask) != layout::kTakeCompleting ||
-      !context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
-                    e->rx_holder_generation.load(std::memory_order_relaxed)))
+      !holder_dead(e->rx_holder.load(std::memory_order_relaxed)))
     return;
   const uint64_t wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
   const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
@@ -221,8 +217,7 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
   const uint32_t st = v & layout::kTakeMask;
   if (st == layout::kTakeIdle) return false;
   *srqn = e->rx_take_srqn.load(std::memory_order_relaxed);
-  const bool dead = context_dead(e->rx_holder_slot.load(std::memory_order_relaxed),
-                                 e->rx_holder_generation.load(std::memory_order_relaxed));
+  const bool dead = holder_dead(e->rx_holder.load(std::memory_order_relaxed));
   if (st == layout::kTakeCompleting) {
     // The initiator died while it wrote the receive completion: flush the
     // WQE unless that completion made it into our CQ.
@@ -294,12 +289,12 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
     return Deliver::kNoReceive;
   uint32_t v = 0;
   bool adopted = false;  // the record came from a dead holder with the slot it claimed (take_holder_dead)
-  if (!take_reserve(t, holder_id(), generation_, &v)) {
+  if (!take_reserve(t, holder_word_, &v)) {
     switch (take_holder_dead(qp, peer, t, v, xrc ? xrc->srqn : layout::kNoIndex, &v)) {
       case TakeOver::kBusy: return Deliver::kBusy;
       case TakeOver::kAdopted: adopted = true; break;
       case TakeOver::kEnded:
-        if (!take_reserve(t, holder_id(), generation_, &v)) return Deliver::kBusy;
+        if (!take_reserve(t, holder_word_, &v)) return Deliver::kBusy;
         break;
     }
   }
@@ -545,7 +540,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
 }  // namespace
 
 // ibv_post_send's cheapest SEND into a QP with an SRQ (the provider's
-// post_leaf, when check_target found the target's SRQ: Qp::kLeafSrq): one
+// post_send, when check_target found the target's SRQ: Qp::kLeafSrq): one
 // SEND or SEND_WITH_IMM of 1 to kSrqLeafMaxBytes on an RC or UC QP, from one
 // SGE or inline bytes in two (UCX's active messages: its header, then the
 // payload), with every cache answering: the target entry, the
@@ -649,7 +644,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   // The record, then the WQE at the consumer position: published, its
   // first buffer holding the message (and, unless inl, ours to write).
   uint32_t v = 0;
-  if (!take_reserve(t, holder_id(), generation_, &v)) return Leaf::kNotHandled;  // deliver handles a busy record
+  if (!take_reserve(t, holder_word_, &v)) return Leaf::kNotHandled;  // deliver handles a busy record
   qp->busy_take_qpn = 0;
   const uint32_t pos = rq.consumer_position();
   RingHandle h{};
@@ -785,11 +780,11 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
 }
 
-LocalContext::Leaf LocalContext::srq_send_leaf(Qp* qp, const ibv_send_wr& wr) noexcept {
-  if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
-  const Leaf r = srq_send_leaf_locked(qp, wr);
-  qp->sq_lock.unlock_owner();
-  return r;
+int LocalContext::srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  if (!qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  qp->leaf_bad_wr = bad_wr;
+  const Leaf r = srq_send_leaf_locked(qp, *wr);
+  return leaf_unlock(qp, wr, r);
 }
 
 }  // namespace shmrdma

@@ -208,6 +208,8 @@ int destroy_qp(ibv_qp*) noexcept;
 int attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
 int detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
 int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
+// What post_send_list does not take itself, converted and queued (qp.cc).
+int general_post(void* arg, const ibv_send_wr* wr) noexcept;
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
 // wq.cc
 ibv_wq* create_wq(ibv_context*, ibv_wq_init_attr*) noexcept;

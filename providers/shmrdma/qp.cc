@@ -134,29 +134,12 @@ int enqueue_general(ibv_qp* ibqp, LocalContext* core, Qp* cqp, const ibv_send_wr
 
 }  // namespace
 
-namespace {
-
+// post_send_list's general (arg: the ibv_qp), and the leaves' (shmrdma.cc
+// gives it to each context: LocalContext::set_leaf_general).
 int general_post(void* arg, const ibv_send_wr* wr) noexcept {
   auto* ibqp = static_cast<ibv_qp*>(arg);
   return enqueue_general(ibqp, to_ctx(ibqp->context)->core, to_qp(ibqp)->core, wr);
 }
-
-// post_send's single WRITE or SEND: the leaf (write_leaf, send_leaf,
-// srq_send_leaf), else the list's way. The context and the QP are looked up
-// again after the leaf (two loads each) rather than kept, so only the three
-// arguments live across the call; and a call of its own, so that
-// post_send's other WRs do not pay for this one's frame.
-template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noexcept>
-[[gnu::noinline]] int post_leaf(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  using Leaf = LocalContext::Leaf;
-  const Leaf r = (to_ctx(ibqp->context)->core->*leaf)(to_qp(ibqp)->core, *wr);
-  if (r == Leaf::kDone) [[likely]]
-    return 0;
-  if (r == Leaf::kArmed) return to_ctx(ibqp->context)->core->leaf_armed(to_qp(ibqp)->core);
-  return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
-}
-
-}  // namespace
 
 // RC and UC WRITE/SEND/READ/atomics go straight from the ibv_send_wr into the
 // send slot and execute within the call (LocalContext::post_send_list); the
@@ -164,18 +147,21 @@ template <LocalContext::Leaf (LocalContext::*leaf)(Qp*, const ibv_send_wr&) noex
 // the list.
 //
 // A single small WRITE or SEND is offered to LocalContext::write_leaf,
-// send_leaf or srq_send_leaf first (post_leaf).
+// send_leaf or srq_send_leaf first: a tail call (each finishes the post,
+// what it declines included), so no frame of ours stays between
+// ibv_post_send and the leaf.
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  Qp* qp = to_qp(ibqp)->core;
+  LocalContext* core = to_ctx(ibqp->context)->core;
   if (wr && !wr->next) [[likely]] {
-    const uint8_t off = to_qp(ibqp)->core->leaf_off.load(std::memory_order_relaxed);  // Qp::leaf_off
-    if (wr->opcode == IBV_WR_RDMA_WRITE && !(off & Qp::kLeafQueued))
-      return post_leaf<&LocalContext::write_leaf>(ibqp, wr, bad_wr);
+    const uint8_t off = qp->leaf_off.load(std::memory_order_relaxed);  // Qp::leaf_off
+    if (wr->opcode == IBV_WR_RDMA_WRITE && !(off & Qp::kLeafQueued)) return core->write_leaf(qp, wr, bad_wr);
     if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) {
-      if (!off) return post_leaf<&LocalContext::send_leaf>(ibqp, wr, bad_wr);
-      if (off == Qp::kLeafSrq) return post_leaf<&LocalContext::srq_send_leaf>(ibqp, wr, bad_wr);
+      if (!off) return core->send_leaf(qp, wr, bad_wr);
+      if (off == Qp::kLeafSrq) return core->srq_send_leaf(qp, wr, bad_wr);
     }
   }
-  return to_ctx(ibqp->context)->core->post_send_list(to_qp(ibqp)->core, wr, bad_wr, general_post, ibqp);
+  return core->post_send_list(qp, wr, bad_wr, general_post, ibqp);
 }
 
 // The whole list in one call into the core, the SGEs as the application

@@ -179,6 +179,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) noexcept {
   // reads them from async_fd and closes it with the context.
   ctx->vctx.context.async_fd = core->take_async_read_fd();
   ctx->vctx.context.num_comp_vectors = limits::kNumCompVectors;
+  core->set_leaf_general(general_post);
   ctx->core = core.release();
   verbs_set_ops(&ctx->vctx, &kOps);
   return &ctx->vctx;
