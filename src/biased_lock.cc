@@ -54,7 +54,7 @@ void heavy_barrier() noexcept {
     return;
   static std::atomic<bool> said{false};
   if (!said.exchange(true, std::memory_order_relaxed))
-    std::fprintf(stderr, "shmrdma: membarrier(PRIVATE_EXPEDITED) failed (%s): revoking a send queue lock's bias "
+    std::fprintf(stderr, "shmrdma: membarrier(PRIVATE_EXPEDITED) failed (%s): revoking a lock's bias "
                  "by waiting instead\n", std::strerror(errno));
   timespec ts{0, 1000000};
   ::nanosleep(&ts, nullptr);

@@ -1,7 +1,9 @@
 // A lock that one thread takes without a locked instruction: a QP's send
 // queue lock, which the thread that posts to the QP takes on every post and
 // others take rarely (poll_cq's progress pass, modify_qp, arm_cq and
-// resize_cq of the CQs it completes into, a second posting thread).
+// resize_cq of the CQs it completes into, a second posting thread); and a
+// CQ's poll lock (the provider's Cq::poll_lock), which the thread that
+// polls takes on every poll that finds something.
 //
 // Why: a locked instruction (the SpinLock's exchange) waits until every
 // earlier store of the thread is visible. When the store before it went to

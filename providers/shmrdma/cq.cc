@@ -342,8 +342,10 @@ namespace {
   return got;
 }
 
+// The poll lock the slow way: a fresh lock becomes biased to this thread,
+// one biased to another thread is revoked (biased_lock.h).
 [[gnu::noinline]] int poll_contended(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
-  cq->poll_lock.lock();
+  cq->poll_lock.lock_biasing();
   return poll_rest(cq, core, num_entries, wc, 0);
 }
 
@@ -354,7 +356,7 @@ namespace {
 // calls (no registers to save); anything else continues in poll_rest.
 [[gnu::always_inline]] inline int poll_hit(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
   if (!wc) [[unlikely]] return -EINVAL;
-  if (!cq->poll_lock.try_lock()) [[unlikely]]
+  if (!cq->poll_lock.try_lock_owner()) [[unlikely]]
     return poll_contended(cq, core, num_entries, wc);
   uint32_t pos = cq->next_pos.load(std::memory_order_relaxed);
   RingSlotHeader* h = cq->next_slot.load(std::memory_order_relaxed);
@@ -371,7 +373,7 @@ namespace {
   // ibv_poll_cq(3) returns every completion available up to num_entries.
   if (num_entries > 1 && Ring::published_for(h, pos)) [[unlikely]]
     return poll_rest(cq, core, num_entries, wc, 1);
-  cq->poll_lock.unlock();
+  cq->poll_lock.unlock_owner();
   return 1;
 }
 
@@ -379,10 +381,10 @@ namespace {
 // from the private FIFO, then the shared ring when there is room left.
 [[gnu::always_inline]] inline int poll_own(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc) noexcept {
   if (!wc) [[unlikely]] return -EINVAL;
-  if (!cq->poll_lock.try_lock()) [[unlikely]]
+  if (!cq->poll_lock.try_lock_owner()) [[unlikely]]
     return poll_contended(cq, core, num_entries, wc);
   const int got = take(cq, core, num_entries, wc);
-  cq->poll_lock.unlock();
+  cq->poll_lock.unlock_owner();
   return got;
 }
 
@@ -420,13 +422,13 @@ namespace {
 // other ways out are tail calls (no registers to save), as poll_hit is for
 // the shared ring; everything else goes to poll_slow or poll_busy_rest.
 [[gnu::noinline]] int poll_busy(Cq* cq, LocalContext* core, uint32_t n, int num_entries, ibv_wc* wc) noexcept {
-  if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock()) [[unlikely]]
+  if (!core->progress_quiet(n) || !wc || !cq->poll_lock.try_lock_owner()) [[unlikely]]
     return poll_slow(cq, core, n, num_entries, wc);
   const int first = cq->info.local->take_first(wc, cq->local_ready);
   if (first != 1 || num_entries != 1) [[unlikely]]
     return poll_busy_rest(cq, core, num_entries, wc, first);
   core->note_taken(1);
-  cq->poll_lock.unlock();
+  cq->poll_lock.unlock_owner();
   return 1;
 }
 

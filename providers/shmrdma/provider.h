@@ -46,7 +46,11 @@ ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept
 struct Cq {
   verbs_cq vcq;
   CqInfo info;
-  SpinLock poll_lock;  // a CQ ring has one consumer: pollers of one CQ serialise here (and resize)
+  // A CQ ring has one consumer: pollers of one CQ serialise here (and
+  // resize). Biased to the thread that polls (biased_lock.h), whose poll
+  // then takes it without a locked instruction; its fast paths
+  // (try_lock_owner) fall back to poll_contended.
+  BiasedLock poll_lock;
   ibv_wc cur{};          // ibv_cq_ex: the completion between start_poll/next_poll and the reads
   uint64_t cur_ts = 0;   // its completion timestamp (device clock: CLOCK_MONOTONIC ns)
   uint64_t last_ts = 0;  // the latest handed out: a CQ's stamps never go back (under poll_lock)
