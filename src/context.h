@@ -702,9 +702,16 @@ class LocalContext {
   // peer's MR `rkey` from the rkey cache's one-word tag, or nullptr
   // (remote_hit or resolve_remote decide). transport_internal.h.
   static uint8_t* remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr, uint64_t len) noexcept;
+  // The SEND leaves' receive buffer: the local address of [addr, addr + len)
+  // in the peer's MR `lkey`, a receive buffer of a QP of PD pd, from the
+  // receive key cache's one-word tag, or nullptr (remote_hit decides).
+  // transport_internal.h.
+  static uint8_t* recv_write_hit(const Qp* qp, const Peer& peer, uint32_t lkey, uint32_t pd, uint64_t addr,
+                                 uint64_t len) noexcept;
   [[gnu::noinline]] int write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& wr, uint8_t* dst, IoVec local,
                                         uint64_t len) noexcept;
-  // resolve_remote: sets or clears rc's one-word WRITE hit (Qp::RemoteKeyCache::wtag).
+  // resolve_remote: sets or clears rc's one-word hit (Qp::RemoteKeyCache::wtag):
+  // a WRITE's for the rkey cache, a SEND's into a receive buffer for the other.
   static void arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept;
   // The WQE at sq_exec failed: its completion, then the error state (caller holds qp->sq_lock).
   void fail_head(Qp* qp, SendSlot* s, uint32_t status) noexcept;

@@ -307,9 +307,11 @@ struct Qp {
     uint32_t gen = 1;  // odd: matches no stable seqlock value
     MrSnapshot snap;
     std::shared_ptr<PeerMapping> map;
-    // A WRITE's hit in one word (transport_internal.h remote_write_hit):
+    // A WRITE's hit in one word (transport_internal.h remote_write_hit; in
+    // recv_key_cache a SEND's into a receive buffer, recv_write_hit):
     // key << 32 | snap.pd, set (LocalContext::arm_write_hit) only while the
-    // snapshot is an MR's that grants remote write, is not on-demand, has a
+    // snapshot is an MR's that grants remote write (local write for a
+    // receive buffer), is not on-demand, has a
     // PD below kNoWritePd and a range that does not wrap, and whose every
     // byte is reachable here: wbase is the local address of its iova (the
     // target is this process, or the MR lies wholly inside `map`). Else

@@ -259,6 +259,26 @@ inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, u
   return rc.wbase + off;
 }
 
+// remote_write_hit for a receive buffer (the SEND leaves): the receive key
+// cache's tag says the lkey, the PD (the target QP's, untrusted, compared as
+// remote_hit compares it) and that the MR grants local write, is not
+// on-demand and is reachable here as a whole (arm_write_hit); then the
+// entry and the range as there.
+inline uint8_t* LocalContext::recv_write_hit(const Qp* qp, const Peer& peer, uint32_t lkey, uint32_t pd,
+                                             uint64_t addr, uint64_t len) noexcept {
+  const Qp::RemoteKeyCache& rc = qp->recv_key_cache;
+  // (A pd of kNoWritePd or above, which the peer may have written, could
+  // match an unarmed tag, kNoWriteTag.)
+  if (rc.peer_stamp != peer.stamp || pd >= Qp::kNoWritePd || rc.wtag != (uint64_t{lkey} << 32 | pd)) return nullptr;
+  auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
+  if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
+      std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
+    return nullptr;
+  const uint64_t off = addr - rc.snap.iova;  // below iova: wraps past length (no wrap in the MR's range)
+  if (off > rc.snap.length || len > rc.snap.length - off) return nullptr;
+  return rc.wbase + off;
+}
+
 // The local address of byte addr of the MR whose snapshot rc holds, or
 // nullptr: for an address under a key remote_hit has just answered for in
 // the same call (the entry live with the snapshot's seqlock value, the PD
@@ -283,8 +303,10 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   rc.wtag = Qp::kNoWriteTag;
   rc.wbase = nullptr;
   const Qp::MrSnapshot& sn = rc.snap;
-  if (!rc.entry || !rc.rkey || rc.peer_stamp != peer.stamp || sn.kind != layout::kKindMr || sn.key != rc.key) return;
-  if (!(sn.access & IBV_ACCESS_REMOTE_WRITE) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
+  if (!rc.entry || rc.peer_stamp != peer.stamp || sn.kind != layout::kKindMr || sn.key != rc.key) return;
+  // The rkey cache: a WRITE's target; the other: a SEND's receive buffer.
+  const uint32_t need = rc.rkey ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_LOCAL_WRITE;
+  if (!(sn.access & need) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
   if (sn.iova + sn.length < sn.iova) return;  // a range that wraps
   uint8_t* base;
   if (peer.self_process) {

@@ -289,10 +289,12 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   layout::RecvWqeHeader hd;
   layout::WireSge g;
   Remote r;
+  // The buffer: the one-word hit (recv_write_hit), else remote_hit's.
   if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || !rc.ring.published_at(sn, &h) ||
       (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
       g.length < len ||
-      !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r)) {
+      (!recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len) &&
+       !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r))) {
     take_end(t, v);
     return Leaf::kNotHandled;
   }

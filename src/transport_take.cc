@@ -650,13 +650,24 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   RingHandle h{};
   layout::RecvWqeHeader hd;
   layout::WireSge g;
-  Remote r;
+  // The buffer: the one-word hit (recv_write_hit: reachable here), else
+  // remote_hit's answer (its local address, nullptr for the CMA tier).
+  uint8_t* dst = nullptr;
   if (!rq.published_at(pos, &h) ||
       (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
-      g.length < len || !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
-      (!inl && !r.local)) {
+      g.length < len) {
     take_end(t, v);
     return Leaf::kNotHandled;
+  }
+  dst = recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len);
+  if (!dst) {
+    Remote r;
+    if (!remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
+        (!inl && !r.local)) {
+      take_end(t, v);
+      return Leaf::kNotHandled;
+    }
+    dst = r.local;
   }
   // Announced, then claimed exactly (deliver: try_claim_announced).
   take_announce(t, pos);
@@ -683,8 +694,8 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
     peer.raise_async(IBV_EVENT_SRQ_LIMIT_REACHED, async_token(AsyncKind::kSrq, srq_index, se->generation));
 
   // The completion as deliver pushes it, with the bytes in it (inl: the
-  // buffer checked above goes in it too) or already in the buffer (a move
-  // that overlaps our source is a memmove).
+  // buffer checked above goes in it too) or in the buffer (put_bytes: a
+  // move that overlaps our source is a memmove).
   layout::Cqe cqe{};
   const uint8_t tag = static_cast<uint8_t>(taken >> 2);
   const uint8_t flags = (wr.send_flags & IBV_SEND_SOLICITED) ? layout::kCqeSolicited : 0;
@@ -716,10 +727,6 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
     static_assert(sizeof w == sizeof cqe);
     std::memcpy(&cqe, w, sizeof cqe);
   } else {
-    if (!move_out_small(r.local, src, len)) {
-      const IoVec l{const_cast<void*>(src), len}, d{r.local, len};
-      (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
-    }
     cqe.wr_id = hd.wr_id;
     cqe.status = IBV_WC_SUCCESS;
     cqe.opcode = IBV_WC_RECV;
@@ -728,17 +735,41 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
     cqe.src_qp = qp->qpn;
     cqe.slid = static_cast<uint16_t>(qp->tgt.slid);
     cqe.take_tag = tag;
-    cqe.buf_hint = r.host;  // (push_common declines a CQ with timestamps)
+    // The buffer's address in the receiver (push_common declines a CQ with
+    // timestamps): the snapshot the hit used, which holds this key.
+    cqe.buf_hint = qp->recv_key_cache.snap.host + (g.addr - qp->recv_key_cache.snap.iova);
     cqe.flags = flags;
     if (imm) {
       cqe.imm_data = wr.imm_data;
       cqe.wc_flags = IBV_WC_WITH_IMM;
     }
   }
+  // Unless inl, the bytes go into the buffer once the CQ slot is reserved,
+  // right before the CQE (the push's fill): every locked instruction of the
+  // take and of the push but the publication comes before them, so the
+  // buffer line's transfer (the receiver's application read it last)
+  // overlaps the CQE line's instead of preceding it. The WQE is ours to
+  // complete from take_complete_begin on (the owner leaves a live holder's
+  // completing record alone), and the receiver reads the buffer only after
+  // the publication. Where the push falls back (nothing published), the
+  // bytes are written again, the same ones, before push_peer_cqe_rest.
+  const auto put_bytes = [&]() __attribute__((always_inline)) {
+    if (inl) return;
+    if (!move_out_small(dst, src, len)) {
+      const IoVec l{const_cast<void*>(src), len}, d{dst, len};
+      (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
+    }
+  };
   if (take_complete_begin(t, taken)) {
-    const cqpush::Fast f = cqpush::push_common(peer, ce, cqe, &qp->target_cq_cache);
-    if (f != cqpush::Fast::kPushed) [[unlikely]]
+    const cqpush::Fast f = cqpush::push_common_with(peer, ce, &qp->target_cq_cache, flags & layout::kCqeSolicited,
+                                                    [&](std::byte* payload) __attribute__((always_inline)) {
+                                                      put_bytes();
+                                                      cqpush::copy_cqe(payload, cqe);
+                                                    });
+    if (f != cqpush::Fast::kPushed) [[unlikely]] {
+      if (f == cqpush::Fast::kFallback) put_bytes();
       (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+    }
     take_done(t, taken);
   }
   // The message is out: take the next slot's line now, as deliver does
