@@ -240,16 +240,16 @@ inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, boo
   return true;
 }
 
-// The WRITE's hit in one word: the cache names this peer, and its tag says
-// the key, the target QP's PD (TargetCache::wpd, kNoWritePd when the QP
-// does not grant remote write) and everything arm_write_hit checked of the
+// A one-word hit of key cache rc (Qp::RemoteKeyCache::wtag, armed by
+// arm_write_hit): the cache names this peer and its tag is `tag`, which
+// says the key, the PD and everything arm_write_hit checked of the
 // snapshot; then, as remote_hit, the entry is live with the seqlock value
 // of the snapshot (another process writes it), and the range is inside the
-// MR (iova + length does not wrap: arm_write_hit).
-inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
-                                               uint64_t len) noexcept {
-  const Qp::RemoteKeyCache& rc = qp->rkey_cache;
-  if (rc.peer_stamp != peer.stamp || rc.wtag != (uint64_t{rkey} << 32 | qp->tgt.wpd)) return nullptr;
+// MR (iova + length does not wrap: arm_write_hit). The local address of
+// addr, or nullptr.
+[[gnu::always_inline]] inline uint8_t* one_word_hit(const Qp::RemoteKeyCache& rc, const Peer& peer, uint64_t tag,
+                                                    uint64_t addr, uint64_t len) noexcept {
+  if (rc.peer_stamp != peer.stamp || rc.wtag != tag) return nullptr;
   auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
   if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
       std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
@@ -259,24 +259,23 @@ inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, u
   return rc.wbase + off;
 }
 
-// remote_write_hit for a receive buffer (the SEND leaves): the receive key
-// cache's tag says the lkey, the PD (the target QP's, untrusted, compared as
+// The WRITE's hit: the tag's PD is the target QP's as we cached it
+// (TargetCache::wpd, kNoWritePd when the QP does not grant remote write).
+inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
+                                               uint64_t len) noexcept {
+  return one_word_hit(qp->rkey_cache, peer, uint64_t{rkey} << 32 | qp->tgt.wpd, addr, len);
+}
+
+// A receive buffer's (the SEND leaves): the receive key cache's tag says
+// the lkey, the PD (the target QP's, from its owner's memory: compared as
 // remote_hit compares it) and that the MR grants local write, is not
-// on-demand and is reachable here as a whole (arm_write_hit); then the
-// entry and the range as there.
+// on-demand and is reachable here as a whole (arm_write_hit).
 inline uint8_t* LocalContext::recv_write_hit(const Qp* qp, const Peer& peer, uint32_t lkey, uint32_t pd,
                                              uint64_t addr, uint64_t len) noexcept {
-  const Qp::RemoteKeyCache& rc = qp->recv_key_cache;
   // (A pd of kNoWritePd or above, which the peer may have written, could
   // match an unarmed tag, kNoWriteTag.)
-  if (rc.peer_stamp != peer.stamp || pd >= Qp::kNoWritePd || rc.wtag != (uint64_t{lkey} << 32 | pd)) return nullptr;
-  auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
-  if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
-      std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
-    return nullptr;
-  const uint64_t off = addr - rc.snap.iova;  // below iova: wraps past length (no wrap in the MR's range)
-  if (off > rc.snap.length || len > rc.snap.length - off) return nullptr;
-  return rc.wbase + off;
+  if (pd >= Qp::kNoWritePd) return nullptr;
+  return one_word_hit(qp->recv_key_cache, peer, uint64_t{lkey} << 32 | pd, addr, len);
 }
 
 // The local address of byte addr of the MR whose snapshot rc holds, or
