@@ -385,10 +385,10 @@ class LocalContext {
   // send_leaf (transport_staged.cc) or srq_send_leaf (transport_take.cc).
   // Each takes ibv_post_send's arguments and returns its answer, so that
   // the provider tail-calls it: no frame between ibv_post_send and the
-  // leaf (post_send_list's arg for general is the QP's user, its ibv_qp). What a leaf
-  // declines (Leaf::kNotHandled) goes on through post_send_list
-  // (leaf_declined, out of line); kArmed: done, and the send CQ is armed
-  // for this completion (leaf_declined fires it).
+  // leaf. What a leaf declines (Leaf::kNotHandled) goes on through
+  // post_send_list (leaf_declined, out of line; its arg for general is the
+  // QP's user, the ibv_qp); kArmed: done, and the send CQ is armed for this
+  // completion (leaf_declined fires it).
   enum class Leaf { kDone, kArmed, kNotHandled };
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                      void* arg) noexcept;
@@ -396,16 +396,21 @@ class LocalContext {
   [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
-  // A leaf's end, under qp's sq_lock (the post's bad_wr in qp->leaf_bad_wr):
-  // unlocks it, and then 0 or what leaf_declined answers.
-  [[gnu::always_inline]] int leaf_unlock(Qp* qp, ibv_send_wr* wr, Leaf r) noexcept {
+  // A leaf's run: locked() (the leaf's body, which answers a Leaf) under
+  // qp's sq_lock taken the owner's way, with the post's bad_wr waiting in
+  // qp->leaf_bad_wr; then 0, or what leaf_declined answers.
+  template <typename Locked>
+  [[gnu::always_inline]] int run_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Locked&& locked) noexcept {
+    if (!qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+    qp->leaf_bad_wr = bad_wr;
+    const Leaf r = locked();
     if (r == Leaf::kDone) [[likely]] {
       qp->sq_lock.unlock_owner();
       return 0;
     }
-    ibv_send_wr** bad_wr = qp->leaf_bad_wr;
+    ibv_send_wr** const b = qp->leaf_bad_wr;
     qp->sq_lock.unlock_owner();
-    return leaf_declined(qp, wr, bad_wr, r);
+    return leaf_declined(qp, wr, b, r);
   }
   // The provider's conversion that post_send_list hands what it does not
   // take (its `general`), for leaf_declined: set once, when the provider

@@ -40,10 +40,7 @@ namespace shmrdma::count {
 [[gnu::always_inline]] inline void bump(std::atomic<uint64_t>& a, uint64_t n) noexcept {
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
   static_assert(sizeof a == 8 && alignof(std::atomic<uint64_t>) == 8);
-  if (__builtin_constant_p(n) && n == 1)
-    asm volatile("incq %0" : "+m"(a));
-  else
-    asm volatile("addq %1, %0" : "+m"(a) : "er"(n));
+  asm volatile("addq %1, %0" : "+m"(a) : "er"(n));
 #else
   a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // single writer: no RMW
 #endif

@@ -98,11 +98,21 @@ template <typename Fill>
   std::memcpy(d + 48, &t, 8);
 }
 
-// push_common_with for a CQE the caller has built.
+// push_common_with for a CQE the caller has built; before() runs in the
+// reserved slot's fill, right before the CQE is copied in (srq_send_leaf
+// writes the message's bytes there).
+template <typename Before>
+[[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                               RingCache* cache, Before&& before) noexcept {
+  return push_common_with(peer, e, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe),
+                          [&](std::byte* payload) __attribute__((always_inline)) {
+                            before();
+                            copy_cqe(payload, cqe);
+                          });
+}
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
                                                RingCache* cache) noexcept {
-  return push_common_with(peer, e, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe),
-                          [&cqe](std::byte* payload) { copy_cqe(payload, cqe); });
+  return push_common(peer, e, cqe, cache, [] {});
 }
 
 }  // namespace shmrdma::cqpush

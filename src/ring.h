@@ -472,12 +472,6 @@ class Ring {
   // Address of the slot for position pos (masked like every access), for
   // cache hints only: nothing may be read through it without the protocol.
   const void* slot_address(uint32_t pos) const noexcept { return slot_addr(pos); }
-  // The slot after h's, for a prefetch only: one add, not masked, so after
-  // the ring's last slot it names what follows the ring (a prefetch never
-  // faults; it misses once a lap).
-  const void* following_slot(const RingHandle& h) const noexcept {
-    return h.payload - kRingSlotHeaderBytes + stride_;
-  }
 
   // Where producers stand (a hint: the next slot a producer will fill).
   uint32_t producer_position() const noexcept {

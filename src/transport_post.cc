@@ -443,10 +443,9 @@ int LocalContext::write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noex
   // execute_fast checks it.
   uint32_t len;
   const void* src = leaf_source(qp, *wr, &len);
-  if (!src || !qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
-  qp->leaf_bad_wr = bad_wr;
-  const Leaf r = write_leaf_locked(qp, *wr, src, len);
-  return leaf_unlock(qp, wr, r);
+  if (!src) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  return run_leaf(qp, wr, bad_wr,
+                  [&]() __attribute__((always_inline)) { return write_leaf_locked(qp, *wr, src, len); });
 }
 
 // What a leaf did not finish: its WR completed into a send CQ armed for the

@@ -335,7 +335,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   // push_staged: the promise, the record ends; the next slot.
   t->rx_staged_next.store(sn + 1, std::memory_order_relaxed);
   take_done(t, v);
-  __builtin_prefetch(rc.ring.following_slot(h), 0);
+  __builtin_prefetch(rc.ring.slot_address(sn + 1), 0);
 
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done).
@@ -351,10 +351,7 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
 }
 
 int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  if (!qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
-  qp->leaf_bad_wr = bad_wr;
-  const Leaf r = send_leaf_locked(qp, *wr);
-  return leaf_unlock(qp, wr, r);
+  return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, *wr); });
 }
 
 // send_leaf's receive completion went into a CQ armed for it: its channel

@@ -650,16 +650,15 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   RingHandle h{};
   layout::RecvWqeHeader hd;
   layout::WireSge g;
-  // The buffer: the one-word hit (recv_write_hit: reachable here), else
-  // remote_hit's answer (its local address, nullptr for the CMA tier).
-  uint8_t* dst = nullptr;
   if (!rq.published_at(pos, &h) ||
       (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
       g.length < len) {
     take_end(t, v);
     return Leaf::kNotHandled;
   }
-  dst = recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len);
+  // The buffer: the one-word hit (recv_write_hit: reachable here), else
+  // remote_hit's answer (its local address, nullptr for the CMA tier).
+  uint8_t* dst = recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len);
   if (!dst) {
     Remote r;
     if (!remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
@@ -761,11 +760,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
     }
   };
   if (take_complete_begin(t, taken)) {
-    const cqpush::Fast f = cqpush::push_common_with(peer, ce, &qp->target_cq_cache, flags & layout::kCqeSolicited,
-                                                    [&](std::byte* payload) __attribute__((always_inline)) {
-                                                      put_bytes();
-                                                      cqpush::copy_cqe(payload, cqe);
-                                                    });
+    const cqpush::Fast f = cqpush::push_common(peer, ce, cqe, &qp->target_cq_cache, put_bytes);
     if (f != cqpush::Fast::kPushed) [[unlikely]] {
       if (f == cqpush::Fast::kFallback) put_bytes();
       (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
@@ -812,10 +807,7 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
 }
 
 int LocalContext::srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  if (!qp->sq_lock.try_lock_owner()) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
-  qp->leaf_bad_wr = bad_wr;
-  const Leaf r = srq_send_leaf_locked(qp, *wr);
-  return leaf_unlock(qp, wr, r);
+  return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return srq_send_leaf_locked(qp, *wr); });
 }
 
 }  // namespace shmrdma
