@@ -11,7 +11,12 @@ divided by N2 - N1, so start-up and connection costs cancel out:
 - whole process: every instruction of the initiator, its tool's loop included
   (perftest runs with -N: its peak-bandwidth report walks the per-message
   timestamps after the run, ~380 instructions per message that are report,
-  not loop; perftest enables it by default up to 20,000 iterations);
+  not loop; perftest enables it by default up to 20,000 iterations), but
+  not loops bounded by time (clock_spins: perftest's calibration of its
+  cycle counter, whose count depends on how fast the process runs under
+  valgrind and moved the difference by up to 250 per message at N2 - N1 =
+  4000), with the instructions by object (the tool's own code apart from
+  the provider's, libibverbs', UCX's);
 - inside the provider's post_send and poll_cq (what ibv_post_send and
   ibv_poll_cq cost, inclusive), for the shmrdma cases. poll_cq per message
   mixes the empty polls and the one that returns the completion, as the tool
@@ -124,27 +129,110 @@ def valgrind() -> list[str]:
     return ["valgrind", "--tool=callgrind"] + (["--cache-sim=yes"] if STORES else [])
 
 
-def program_stores(path: str) -> int | None:
+def program_stores(path: str, spins: set[str]) -> int | None:
     """The run's data writes (callgrind's Dw: one per store instruction, a push and a call's return
-    address included), None without --cache-sim."""
+    address included) outside the clock spins, None without --cache-sim."""
     if not STORES:
         return None
-    r = subprocess.run(["callgrind_annotate", "--show=Dw", "--threshold=100", path], stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, text=True, timeout=120)
+    r = subprocess.run(["callgrind_annotate", "--show=Dw", "--inclusive=yes", "--threshold=100", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+    total = None
+    spun: dict[str, int] = {}
     for line in r.stdout.splitlines():
-        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+PROGRAM TOTALS", line)
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m:
+            continue
+        v = int(m.group(1).replace(",", ""))
+        if m.group(2).startswith("PROGRAM TOTALS"):
+            total = v
+        elif m.group(2).split(" [")[0] in spins:
+            spun[m.group(2)] = max(v, spun.get(m.group(2), 0))
+    return None if total is None else total - sum(spun.values())
+
+
+CLOCK_RX = re.compile(r":(__)?(gettimeofday|clock_gettime)(_syscall)?\b")
+SPIN_CALLS = 1000  # a function that reads the clock this often is a spin bounded by time, not by work
+
+
+def clock_spins(path: str) -> set[str]:
+    """The functions that call gettimeofday or clock_gettime at least SPIN_CALLS times: loops bounded
+    by time, whose instruction count depends on how fast the process runs under valgrind, not on what
+    it sends. perftest calibrates its cycle counter so (get_cpu_mhz: about 300,000 gettimeofday calls
+    in 7-8 million instructions that differ by a million between runs); its timed loop with -N reads
+    the cycle counter (rdtsc), as ucx_perftest's does."""
+    r = subprocess.run(["callgrind_annotate", "--show=Ir", "--tree=caller", "--inclusive=yes", "--threshold=100",
+                        path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+    spins: set[str] = set()
+    callers: list[tuple[str, int]] = []
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*[\d,]+\s+\(\s*[\d.]+%\)\s+<\s+(.*) \(([\d,]+)x\)(?: \[.*\])?$", line)
         if m:
-            return int(m.group(1).replace(",", ""))
-    return None
+            callers.append((m.group(1), int(m.group(2).replace(",", ""))))
+            continue
+        m = re.match(r"\s*[\d,]+\s+\(\s*[\d.]+%\)\s+\*\s+(.*)$", line)
+        if m:
+            if CLOCK_RX.search(m.group(1).split(" [")[0]):
+                spins.update(name for name, calls in callers if calls >= SPIN_CALLS)
+            callers = []
+        elif not line.strip():
+            callers = []
+    return spins
 
 
-def annotate(path: str) -> tuple[int, dict[str, int]]:
-    """Total Ir and the inclusive Ir of every function, from callgrind_annotate."""
+def self_by_object(path: str, skip: set[str]) -> dict[str, int]:
+    """Exclusive Ir by object (file name of the binary or library), read from the callgrind output
+    itself (callgrind_annotate names the object on some rows only), leaving out the functions in skip
+    and the clock reads."""
+    names: dict[str, dict[str, str]] = {"ob": {}, "fn": {}}
+    objs: dict[str, int] = {}
+    ob = fn = ""
+    after_call = False
+    ir_col = 1
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            if line.startswith("positions:"):
+                ir_col = len(line.split()) - 1
+                continue
+            m = re.match(r"(c?)(ob|fn)=(?:\((\d+)\))?\s*(.*)$", line.rstrip("\n"))
+            if m:
+                kind, ident, name = m.group(2), m.group(3), m.group(4)
+                if ident is not None:
+                    if name:
+                        names[kind][ident] = name
+                    name = names[kind].get(ident, "")
+                if not m.group(1):  # ob= / fn=: whose costs follow; cob= / cfn= name a call's target
+                    if kind == "ob":
+                        ob = os.path.basename(name)
+                    else:
+                        fn = name
+                continue
+            if line.startswith("calls="):
+                after_call = True
+                continue
+            if not line or not (line[0].isdigit() or line[0] in "+-*"):
+                continue
+            if after_call:  # the call's inclusive cost: the callee's own lines count it
+                after_call = False
+                continue
+            if fn in skip or CLOCK_RX.search(":" + fn):
+                continue
+            parts = line.split()
+            if len(parts) > ir_col:
+                objs[ob] = objs.get(ob, 0) + int(parts[ir_col])
+    return objs
+
+
+def annotate(path: str) -> tuple[int, dict[str, int], int, dict[str, int], set[str]]:
+    """Total Ir and the inclusive Ir of every function, from callgrind_annotate; then what the clock
+    spins (clock_spins) took, inclusive, and the instructions by object outside them (exclusive)."""
     total, rows = annotate_rows(path, "--inclusive=yes")
     funcs: dict[str, int] = {}
     for v, what in rows:
         funcs[what] = max(v, funcs.get(what, 0))
-    return total, funcs
+    spins = clock_spins(path)
+    spun = sum(v for name, v in funcs.items() if name.split(" [")[0] in spins)
+    objs = self_by_object(path, {n.split(":", 1)[1] if ":" in n.split("(")[0] else n for n in spins})
+    return total, funcs, spun, objs, spins
 
 
 def func_ir(funcs: dict[str, int], rx: str) -> int | None:
@@ -224,8 +312,8 @@ def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> t
                 fh.write(r.stdout + "\n--- server ---\n" + (s.stdout.read() if s.stdout else ""))
         tail = " / ".join(ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("=="))[-300:]
         return None, f"client rc={r.returncode}: {tail}"
-    total, funcs = annotate(out)
-    res = {"total": total, "stores": program_stores(out)}
+    total, funcs, spun, objs, spins = annotate(out)
+    res = {"total": total - spun, "spun": spun, "stores": program_stores(out, spins), "objs": objs}
     for k, rx in c["funcs"].items():
         res[k] = func_ir(funcs, rx)
     res["funcs"] = funcs
@@ -379,6 +467,9 @@ def main() -> int:
                     a, b = got[0].get(k), got[1].get(k)
                     row[k] = (b - a) / d if a is not None and b is not None else None
                 row["per_func"] = per_function(got[0]["funcs"], got[1]["funcs"], d)[:args.functions]
+                o1, o2 = got[0]["objs"], got[1]["objs"]
+                row["objs"] = sorted(((o2.get(k, 0) - o1.get(k, 0)) / d, k) for k in set(o1) | set(o2))[::-1]
+                row["spun"] = max(got[0]["spun"], got[1]["spun"])
             rows.append(row)
             log(f"{c['name']}: { {k: v for k, v in row.items() if k != 'per_func'} }")
         if args.verbs or args.verbs_only:
@@ -445,13 +536,29 @@ def main() -> int:
                  f"{f(r.get('poll_cq'))} | {r['why'] or ''} |")
     L.append("")
     by = {r["name"]: r.get("total") for r in rows}
+    cases_by_name = {c["name"]: c for c in cases()}
     pairs = [("shmrdma ib_write_bw 8 B (mapped tier)", "UCX put_bw 8 B (uct posix)", "WRITE"),
              ("shmrdma ib_send_bw 8 B", "UCX am_bw 8 B (uct posix)", "SEND")]
+    objs = {r["name"]: dict((k, v) for v, k in r.get("objs", [])) for r in rows}
     for a, b, what in pairs:
         if by.get(a) and by.get(b):
+            tool = objs[a].get(cases_by_name[a]["argv"][0], 0)
             L.append(f"- {what}: shmrdma {by[a]:,.0f} against UCX posix {by[b]:,.0f} instructions per message in "
-                     f"the whole initiating process: {by[a] / by[b]:.2f}x (target <= 2x)")
+                     f"the whole initiating process: {by[a] / by[b]:.2f}x (target <= 2x); {tool:,.0f} of the "
+                     f"{by[a]:,.0f} are {cases_by_name[a]['argv'][0]}'s own code (below), which leaves "
+                     f"{2 * by[b] - tool:,.0f} for everything else within the target")
     L.append("")
+    if any(r.get("objs") for r in rows):
+        L += ["## By object", "",
+              "Exclusive instructions per message in each object (the tool, libibverbs, the provider, UCX's "
+              "libraries, libc), outside the clock spins; objects under one instruction per message left out.", ""]
+        for r in rows:
+            if not r.get("objs"):
+                continue
+            spun = f" (clock spins left out: up to {r['spun']:,.0f} instructions per run)" if r.get("spun") else ""
+            L += [f"### {r['name']}{spun}", "", "| object | per message |", "|---|---:|"]
+            L += [f"| {k} | {v:,.0f} |" for v, k in r["objs"] if v >= 1]
+            L.append("")
     if verbs_rows:
         L += ["## Per verb call (bench/probes/verbs_cost.c)", "",
               "One process, two RC QPs connected to each other (the data moves with memcpy, as between processes "
