@@ -66,6 +66,27 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
   }
 }
 
+// The inverse of load_small: len (1 to 16) bytes from lo (bytes 0-7) and
+// hi (8-15) to d, in overlapping stores of 8, 4 or 1 byte(s), none past
+// d + len.
+[[gnu::always_inline]] inline void store_small(uint8_t* d, uint32_t len, uint64_t lo, uint64_t hi) noexcept {
+  if (len >= 8) {
+    __builtin_memcpy(d, &lo, 8);
+    if (len > 8) {
+      const uint64_t t = len == 16 ? hi : lo >> (8 * (len - 8)) | hi << (8 * (16 - len));  // bytes len-8 .. len-1
+      __builtin_memcpy(d + len - 8, &t, 8);
+    }
+  } else if (len >= 4) {
+    const uint32_t a = static_cast<uint32_t>(lo), b = static_cast<uint32_t>(lo >> (8 * (len - 4)));
+    __builtin_memcpy(d, &a, 4);
+    __builtin_memcpy(d + len - 4, &b, 4);  // bytes len-4 .. len-1
+  } else {
+    d[0] = static_cast<uint8_t>(lo);
+    d[len / 2] = static_cast<uint8_t>(lo >> (8 * (len / 2)));
+    d[len - 1] = static_cast<uint8_t>(lo >> (8 * (len - 1)));
+  }
+}
+
 // load_small for len 1 to 20: bytes 16-19 in *top (zero past len).
 [[gnu::always_inline]] inline void load_upto20(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi,
                                                uint32_t* top) noexcept {

@@ -3,9 +3,10 @@
 // Unit tests for src/mover.h's inline helpers of the small-message path:
 // move_out_small copies exactly the bytes asked for, own_dest_line (the
 // hint that takes a receive buffer's line for writing before a send stores
-// into it) changes no byte wherever it points, and load_small / load_upto20
+// into it) changes no byte wherever it points, load_small / load_upto20
 // (a small message's bytes into registers, for its completion) give exactly
-// the bytes asked for and read none past them.
+// the bytes asked for and read none past them, and store_small (those
+// registers into a receive buffer) writes exactly them.
 
 #include "mover.h"
 
@@ -91,6 +92,27 @@ TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
       load_small(s, len, &lo2, &hi2);
       EXPECT_EQ(lo2, lo) << len;
       EXPECT_EQ(hi2, hi) << len;
+    }
+  }
+  munmap(m, 2 * page);
+}
+
+TEST(StoreSmall, WritesTheBytesAndNoneBeyond) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(m);
+  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);  // a store past the end faults
+  const std::array<unsigned char, 256> pat = pattern();
+  for (uint32_t len = 1; len <= 16; ++len) {
+    for (uint32_t before = 0; before < 8; ++before) {  // every alignment, the last byte at the page's end
+      unsigned char* d = base + page - len;
+      std::memset(d - before - 8, 0xee, before + 8 + len);
+      uint64_t lo = 0, hi = 0;
+      load_small(pat.data() + before, len, &lo, &hi);
+      store_small(d, len, lo, hi);
+      for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[before + i]) << "len " << len << " byte " << i;
+      for (uint32_t i = 1; i <= before + 8; ++i) ASSERT_EQ(d[-static_cast<long>(i)], 0xee) << "len " << len;
     }
   }
   munmap(m, 2 * page);
