@@ -87,6 +87,19 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
   }
 }
 
+// store_small for len 1 to 20: bytes 16-19 from top.
+[[gnu::always_inline]] inline void store_upto20(uint8_t* d, uint32_t len, uint64_t lo, uint64_t hi,
+                                                uint32_t top) noexcept {
+  if (len <= 16) {
+    store_small(d, len, lo, hi);
+    return;
+  }
+  __builtin_memcpy(d, &lo, 8);
+  __builtin_memcpy(d + 8, &hi, 8);
+  const uint32_t t = len == 20 ? top : static_cast<uint32_t>(hi >> (8 * (len - 12)) | uint64_t{top} << (8 * (20 - len)));
+  __builtin_memcpy(d + len - 4, &t, 4);  // bytes len-4 .. len-1
+}
+
 // load_small for len 1 to 20: bytes 16-19 in *top (zero past len).
 [[gnu::always_inline]] inline void load_upto20(const uint8_t* s, uint32_t len, uint64_t* lo, uint64_t* hi,
                                                uint32_t* top) noexcept {

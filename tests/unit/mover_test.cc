@@ -97,6 +97,26 @@ TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
   munmap(m, 2 * page);
 }
 
+TEST(StoreUpto20, WritesTheBytesAndNoneBeyond) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<unsigned char*>(m);
+  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);  // a store past the end faults
+  const std::array<unsigned char, 256> pat = pattern();
+  for (uint32_t len = 1; len <= 20; ++len) {
+    unsigned char* d = base + page - len;
+    std::memset(d - 8, 0xee, 8 + len);
+    uint64_t lo = 0, hi = 0;
+    uint32_t top = 0;
+    load_upto20(pat.data(), len, &lo, &hi, &top);
+    store_upto20(d, len, lo, hi, top);
+    for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[i]) << "len " << len << " byte " << i;
+    for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "len " << len;
+  }
+  munmap(m, 2 * page);
+}
+
 TEST(StoreSmall, WritesTheBytesAndNoneBeyond) {
   const long page = sysconf(_SC_PAGESIZE);
   void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
