@@ -66,18 +66,39 @@ TEST(MoveOutSmall, CopiesExactlyTheBytesAskedFor) {
   for (unsigned char b : dst) ASSERT_EQ(b, 0xa5);
 }
 
+// A page whose next page is inaccessible: an access past end() faults.
+class GuardedPage {
+ public:
+  GuardedPage() {
+    page_ = sysconf(_SC_PAGESIZE);
+    void* m = mmap(nullptr, 2 * page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return;
+    if (mprotect(static_cast<unsigned char*>(m) + page_, page_, PROT_NONE) != 0) {
+      munmap(m, 2 * page_);
+      return;
+    }
+    base_ = static_cast<unsigned char*>(m);
+  }
+  ~GuardedPage() {
+    if (base_) munmap(base_, 2 * page_);
+  }
+  bool ok() const { return base_ != nullptr; }
+  unsigned char* end() const { return base_ + page_; }
+
+ private:
+  long page_ = 0;
+  unsigned char* base_ = nullptr;
+};
+
 // Every length from 1 to 20 bytes, ending right before a page nobody may
 // read (PROT_NONE): a load past the message would fault the test. The bytes
 // come back in place (0-7 in lo, 8-15 in hi, 16-19 in top), zero past len.
 TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
-  const long page = sysconf(_SC_PAGESIZE);
-  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(m, MAP_FAILED);
-  auto* base = static_cast<unsigned char*>(m);
-  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);
+  GuardedPage g;  // an access past the end faults
+  ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
   for (uint32_t len = 1; len <= 20; ++len) {
-    unsigned char* s = base + page - len;
+    unsigned char* s = g.end() - len;
     std::memcpy(s, pat.data(), len);
     uint64_t lo = ~0ull, hi = ~0ull;
     uint32_t top = ~0u;
@@ -94,18 +115,17 @@ TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
       EXPECT_EQ(hi2, hi) << len;
     }
   }
-  munmap(m, 2 * page);
 }
 
+// Every length from 1 to 20 bytes, from load_upto20's registers, ending
+// right before the inaccessible page (a store past the message faults) and
+// after 8 canary bytes that must stay.
 TEST(StoreUpto20, WritesTheBytesAndNoneBeyond) {
-  const long page = sysconf(_SC_PAGESIZE);
-  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(m, MAP_FAILED);
-  auto* base = static_cast<unsigned char*>(m);
-  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);  // a store past the end faults
+  GuardedPage g;  // an access past the end faults
+  ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
   for (uint32_t len = 1; len <= 20; ++len) {
-    unsigned char* d = base + page - len;
+    unsigned char* d = g.end() - len;
     std::memset(d - 8, 0xee, 8 + len);
     uint64_t lo = 0, hi = 0;
     uint32_t top = 0;
@@ -114,19 +134,16 @@ TEST(StoreUpto20, WritesTheBytesAndNoneBeyond) {
     for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[i]) << "len " << len << " byte " << i;
     for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "len " << len;
   }
-  munmap(m, 2 * page);
 }
 
+// Every length from 1 to 16 bytes at every alignment, as StoreUpto20.
 TEST(StoreSmall, WritesTheBytesAndNoneBeyond) {
-  const long page = sysconf(_SC_PAGESIZE);
-  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(m, MAP_FAILED);
-  auto* base = static_cast<unsigned char*>(m);
-  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);  // a store past the end faults
+  GuardedPage g;  // an access past the end faults
+  ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
   for (uint32_t len = 1; len <= 16; ++len) {
     for (uint32_t before = 0; before < 8; ++before) {  // every alignment, the last byte at the page's end
-      unsigned char* d = base + page - len;
+      unsigned char* d = g.end() - len;
       std::memset(d - before - 8, 0xee, before + 8 + len);
       uint64_t lo = 0, hi = 0;
       load_small(pat.data() + before, len, &lo, &hi);
@@ -135,7 +152,6 @@ TEST(StoreSmall, WritesTheBytesAndNoneBeyond) {
       for (uint32_t i = 1; i <= before + 8; ++i) ASSERT_EQ(d[-static_cast<long>(i)], 0xee) << "len " << len;
     }
   }
-  munmap(m, 2 * page);
 }
 
 }  // namespace
