@@ -38,6 +38,8 @@
 // arrived, before the flush.
 #include <sched.h>
 
+#include <emmintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -240,10 +242,37 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
 }
 
 
+// send_leaf's largest message: up to 16 bytes travel in the completion
+// (kStagedInline), 17 to 64 go into the receive buffer before it
+// (kStagedInPlace), as deliver_staged puts them.
+constexpr uint32_t kSendLeafMaxBytes = 64;
+constexpr uint32_t kSendLeafInlineBytes = 16;
+
+// Copies n (17 to 64) bytes in at most four 16-byte loads and then as many
+// stores (overlapping when n is not a multiple of 16): every load before
+// any store, so s and d may overlap, and no call (a memcpy of a size known
+// only at run time is a call or `rep movsb`).
+[[gnu::always_inline]] inline void copy_17_to_64(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + n - 16));
+  if (n <= 32) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + n - 16), z);
+    return;
+  }
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(n <= 48 ? s + 16 : s + 32));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), a);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), b);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(n <= 48 ? d + 16 : d + 32), c);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + n - 16), z);
+}
+
 // ibv_post_send's cheapest SEND, tried before anything else (the provider's
-// post_send): one SEND or SEND_WITH_IMM of 1 to 16 bytes on an RC or UC QP
-// (leaf_source: inline, or an SGE our MR table answers) into a QP without
-// an SRQ, staged (kStagedInline), with every cache answering: the target
+// post_send): one SEND or SEND_WITH_IMM of 1 to kSendLeafMaxBytes on an RC
+// or UC QP (leaf_source: inline, or an SGE our MR table answers) into a QP
+// without an SRQ, staged (kStagedInline up to 16 bytes, kStagedInPlace
+// above, into a buffer this process reaches), with every cache answering: the target
 // entry, its receive ring and CQ, the receive buffer's key; its queue empty,
 // no RNR back-off, and its send CQ's FIFO with one producer and room. It
 // does what post_send, execute_fast, deliver_staged and push_staged do for
@@ -266,8 +295,9 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   const uint32_t tail = qp->sq_tail;
   if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
   uint32_t len;
-  const void* src = leaf_source(qp, wr, &len);
+  const void* src = leaf_source(qp, wr, &len, kSendLeafMaxBytes);
   if (!src) return Leaf::kNotHandled;
+  const bool inl = len <= kSendLeafInlineBytes;
   // fast_target's hit, without its refresh (check_target).
   Peer* pp = qp->peer.get();
   if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
@@ -295,12 +325,16 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   layout::RecvWqeHeader hd;
   layout::WireSge g;
   Remote r;
-  // The buffer: the one-word hit (recv_write_hit), else remote_hit's.
+  // The buffer: the one-word hit (recv_write_hit), else remote_hit's; one
+  // the bytes go into (not inl) must be reachable here (its local address:
+  // the CMA tier is deliver_staged's).
+  uint8_t* dst = nullptr;
   if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || !rc.ring.published_at(sn, &h) ||
       (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
       g.length < len ||
-      (!recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len) &&
-       !remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r))) {
+      (!(dst = recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len)) &&
+       (!remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
+        (!inl && !(dst = r.local))))) {
     take_end(t, v);
     return Leaf::kNotHandled;
   }
@@ -309,8 +343,8 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
   // stores: pos | data 0-3, status | data 4-7, data 8-11 | byte_len,
   // imm_data | qp_num, src_qp | wc_flags, (pkey_index, slid, sl,
   // dlid_path_bits, flags, kind), data 12-19 (16-19 zero).
-  uint64_t lo, hi;
-  load_small(static_cast<const uint8_t*>(src), len, &lo, &hi);
+  uint64_t lo = 0, hi = 0;
+  if (inl) load_small(static_cast<const uint8_t*>(src), len, &lo, &hi);
   const bool solicited = wr.send_flags & IBV_SEND_SOLICITED;
   static_assert(offsetof(layout::StagedCqe, data0) == 4 && offsetof(layout::StagedCqe, data1) == 12 &&
                 offsetof(layout::StagedCqe, byte_len) == 20 && offsetof(layout::StagedCqe, imm_data) == 24 &&
@@ -319,6 +353,11 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
                 offsetof(layout::StagedCqe, data2) == 48 && sizeof(layout::StagedCqe) == 56 &&
                 __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
   const auto fill = [&](std::byte* d) __attribute__((always_inline)) {
+    // Not inl: the bytes into the buffer first, once the slot is reserved
+    // (so a push that finds no slot has written nothing), published with
+    // the completion. A push that falls back after this has written them;
+    // deliver_staged writes them again, the same ones.
+    if (!inl) copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
     const bool imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
     const uint64_t slid = static_cast<uint16_t>(qp->tgt.slid);
     const auto put = [d](int i, uint64_t w) __attribute__((always_inline)) { std::memcpy(d + 8 * i, &w, 8); };
@@ -327,7 +366,8 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
     put(2, (hi & 0xffffffffu) | uint64_t{len} << 32);
     put(3, (imm ? uint64_t{wr.imm_data} : 0) | uint64_t{t->qpn} << 32);
     put(4, uint64_t{qp->qpn} | (imm ? uint64_t{IBV_WC_WITH_IMM} << 32 : 0));
-    put(5, slid << 16 | uint64_t{solicited} << 48 | uint64_t{layout::kStagedInline} << 56);
+    put(5, slid << 16 | uint64_t{solicited} << 48 |
+               uint64_t{inl ? layout::kStagedInline : layout::kStagedInPlace} << 56);
     put(6, hi >> 32);
     static_assert(layout::kCqeSolicited == 1);
   };

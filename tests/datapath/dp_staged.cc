@@ -62,10 +62,13 @@ uint32_t msg_len(int i) { return kSizes[i % 10]; }
 bool msg_imm(int i) { return i % 3 == 2; }
 uint32_t msg_imm_value(int i) { return htonl(0x1000u + static_cast<uint32_t>(i)); }
 uint8_t pattern(int i, size_t j) { return static_cast<uint8_t>(i * 31 + j * 7 + 1); }
-// The sizes scenario's message i: 1 to 17 bytes, inline in every other
-// round of 17; the last of a command's messages is solicited.
-uint32_t size_len(int i) { return 1 + static_cast<uint32_t>(i % 17); }
-bool size_inline(int i) { return (i / 17) % 2 == 1; }
+// The sizes scenario's message i: 1 to 65 bytes (the sender's leaf takes
+// 1-64: up to 16 in the completion, 17-64 into the buffer), inline in every
+// other round of 65 (up to the QP's max_inline_data, 64); the last of a
+// command's messages is solicited.
+constexpr int kSizesMax = 65;
+uint32_t size_len(int i) { return 1 + static_cast<uint32_t>(i % kSizesMax); }
+bool size_inline(int i) { return (i / kSizesMax) % 2 == 1 && size_len(i) <= 64; }
 
 bool connect_qp(ibv_qp* qp, const Hello& peer) {
   return harness::connect_qp(qp, peer.qpn, peer.lid, kQpAccess) == 0;
@@ -314,12 +317,12 @@ void destroy(Owner& o) {
   o.expect_none("destroy: the new QP");
 }
 
-// Lengths 1-17 (the sender's leaf takes 1-16), registered and inline, in
+// Lengths 1-65 (the sender's leaf takes 1-64), registered and inline, in
 // rounds of 16 receives; each round's last message is solicited into the CQ
 // armed for solicited events only, and the channel gets exactly one event.
 void sizes(Owner& o) {
   constexpr int kRound = kMaxMsgs;
-  for (int first = 0; first < 4 * 17; first += kRound) {
+  for (int first = 0; first < 2 * kSizesMax; first += kRound) {
     for (int k = 0; k < kRound; ++k) o.post_recv(k);
     REQUIRE(ibv_req_notify_cq(o.cq, 1) == 0, "sizes: arm");
     CHECK(o.cmd("sizes " + std::to_string(first) + " " + std::to_string(kRound)) == 0, "sizes %d: the sends", first);
