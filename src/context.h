@@ -432,6 +432,10 @@ class LocalContext {
   }
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
+  template <bool kInPlace>
+  [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
+  [[gnu::noinline]] Leaf send_leaf_in_place(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len,
+                                            uint32_t tail) noexcept;
   Leaf srq_send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   // A leaf's source (write_leaf, send_leaf, srq_send_leaf): the inline
   // bytes or the SGE (fast_source), when the WR has the shape they all take

@@ -287,17 +287,13 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
 // in a Cqe, copied into a StagedCqe and copied again into the slot; the
 // bytes are loaded into registers (load_small) and go into that completion
 // without a buffer; no Exec or Deliver answers, no status out-parameter.
-[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp,
-                                                                               const ibv_send_wr& wr) noexcept {
-  // First what declines a sender that is ahead of its receiver (SENDs
-  // queued behind one that found no receive, an RNR back-off: the general
-  // way, rnr_backing_off), so that such a run of posts pays little here.
-  const uint32_t tail = qp->sq_tail;
-  if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
-  uint32_t len;
-  const void* src = leaf_source(qp, wr, &len, kSendLeafMaxBytes);
-  if (!src) return Leaf::kNotHandled;
-  const bool inl = len <= kSendLeafInlineBytes;
+// send_leaf_locked's rest, for the bytes in the completion (up to 16) or in
+// the buffer (kInPlace: 17 to 64).
+template <bool kInPlace>
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_staged(Qp* qp, const ibv_send_wr& wr,
+                                                                                const void* src, uint32_t len,
+                                                                                uint32_t tail) noexcept {
+  constexpr bool inl = !kInPlace;
   // fast_target's hit, without its refresh (check_target).
   Peer* pp = qp->peer.get();
   if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
@@ -344,7 +340,7 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
   // imm_data | qp_num, src_qp | wc_flags, (pkey_index, slid, sl,
   // dlid_path_bits, flags, kind), data 12-19 (16-19 zero).
   uint64_t lo = 0, hi = 0;
-  if (inl) load_small(static_cast<const uint8_t*>(src), len, &lo, &hi);
+  if constexpr (inl) load_small(static_cast<const uint8_t*>(src), len, &lo, &hi);
   const bool solicited = wr.send_flags & IBV_SEND_SOLICITED;
   static_assert(offsetof(layout::StagedCqe, data0) == 4 && offsetof(layout::StagedCqe, data1) == 12 &&
                 offsetof(layout::StagedCqe, byte_len) == 20 && offsetof(layout::StagedCqe, imm_data) == 24 &&
@@ -357,7 +353,7 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
     // (so a push that finds no slot has written nothing), published with
     // the completion. A push that falls back after this has written them;
     // deliver_staged writes them again, the same ones.
-    if (!inl) copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
+    if constexpr (!inl) copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
     const bool imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
     const uint64_t slid = static_cast<uint16_t>(qp->tgt.slid);
     const auto put = [d](int i, uint64_t w) __attribute__((always_inline)) { std::memcpy(d + 8 * i, &w, 8); };
@@ -394,6 +390,27 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!signaled) return Leaf::kDone;
   return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
+}
+
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp,
+                                                                               const ibv_send_wr& wr) noexcept {
+  // First what declines a sender that is ahead of its receiver (SENDs
+  // queued behind one that found no receive, an RNR back-off: the general
+  // way, rnr_backing_off), so that such a run of posts pays little here.
+  const uint32_t tail = qp->sq_tail;
+  if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
+  uint32_t len;
+  const void* src = leaf_source(qp, wr, &len, kSendLeafMaxBytes);
+  if (!src) return Leaf::kNotHandled;
+  // 17 to 64 bytes out of line: the common small SEND pays one compare.
+  if (len > kSendLeafInlineBytes) [[unlikely]]
+    return send_leaf_in_place(qp, wr, src, len, tail);
+  return send_leaf_staged<false>(qp, wr, src, len, tail);
+}
+
+LocalContext::Leaf LocalContext::send_leaf_in_place(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len,
+                                                    uint32_t tail) noexcept {
+  return send_leaf_staged<true>(qp, wr, src, len, tail);
 }
 
 int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
