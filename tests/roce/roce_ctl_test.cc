@@ -174,9 +174,14 @@ TEST_F(RoceCtl, DevicesInTwoNamespacesLookLikeRxe) {
     ASSERT_EQ(std::sscanf(mac.c_str(), "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]), 6);
     char guid[32], ll[64];
     std::snprintf(guid, sizeof guid, "0x%02x%02x%02xfffe%02x%02x%02x", m[0] ^ 2, m[1], m[2], m[3], m[4], m[5]);
-    // Each 16-bit group printed as one number, as inet_ntop does (a MAC byte of 0 gives "ff", not "0ff").
-    std::snprintf(ll, sizeof ll, "fe80::%x:%x:%x:%x", ((m[0] ^ 2) << 8) | m[1], (m[2] << 8) | 0xff, 0xfe00 | m[3],
-                  (m[4] << 8) | m[5]);
+    // As the device prints it (inet_ntop): a MAC that begins 02:00 makes the
+    // interface identifier's first group 0, which inet_ntop folds into the
+    // "::" (fe80::5eff:fe77:f503 for 02:00:5e:77:f5:03).
+    const unsigned char ll6[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, static_cast<unsigned char>(m[0] ^ 2),
+                                   static_cast<unsigned char>(m[1]), static_cast<unsigned char>(m[2]), 0xff, 0xfe,
+                                   static_cast<unsigned char>(m[3]), static_cast<unsigned char>(m[4]),
+                                   static_cast<unsigned char>(m[5])};
+    ASSERT_NE(inet_ntop(AF_INET6, ll6, ll, sizeof ll), nullptr);
     r = probe(s.ns, s.dev);
     ASSERT_TRUE(r.ok()) << r.describe();
     EXPECT_TRUE(contains(r.out, std::string("node_guid ") + guid)) << r.out;
