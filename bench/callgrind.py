@@ -104,10 +104,10 @@ def iters_args(kind: str, n: int) -> list[str]:
     return ["-n", str(n)] if kind == "perftest" else ["-n", str(n), "-w", "0"]
 
 
-def annotate_rows(path: str, *opts: str) -> tuple[int, list[tuple[int, str]]]:
-    """callgrind_annotate's program total and its (Ir, what) rows, with opts."""
-    r = subprocess.run(["callgrind_annotate", "--show=Ir", *opts, "--threshold=100", path], stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, text=True, timeout=120)
+def annotate_rows(path: str, *opts: str, show: str = "Ir") -> tuple[int, list[tuple[int, str]]]:
+    """callgrind_annotate's program total and its (count, what) rows of event `show`, with opts."""
+    r = subprocess.run(["callgrind_annotate", f"--show={show}", *opts, "--threshold=100", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
     total = 0
     rows: list[tuple[int, str]] = []
     for line in r.stdout.splitlines():
@@ -134,20 +134,24 @@ def program_stores(path: str, spins: set[str]) -> int | None:
     address included) outside the clock spins, None without --cache-sim."""
     if not STORES:
         return None
-    r = subprocess.run(["callgrind_annotate", "--show=Dw", "--inclusive=yes", "--threshold=100", path],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
-    total = None
+    total, rows = annotate_rows(path, "--inclusive=yes", "--auto=no", show="Dw")
+    return total - spun_in(rows, spins) if total else None
+
+
+def function_part(name: str) -> str:
+    """`function` of callgrind_annotate's `file:function [object]`."""
+    fn = name.split(" [")[0]
+    return fn.split(":", 1)[1] if ":" in fn.split("(")[0] else fn
+
+
+def spun_in(rows: list[tuple[int, str]], spins: set[str]) -> int:
+    """What the functions in spins (clock_spins' names) took, from inclusive rows (a function listed
+    more than once, under several objects' names, counted once)."""
     spun: dict[str, int] = {}
-    for line in r.stdout.splitlines():
-        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$", line)
-        if not m:
-            continue
-        v = int(m.group(1).replace(",", ""))
-        if m.group(2).startswith("PROGRAM TOTALS"):
-            total = v
-        elif m.group(2).split(" [")[0] in spins:
-            spun[m.group(2)] = max(v, spun.get(m.group(2), 0))
-    return None if total is None else total - sum(spun.values())
+    for v, what in rows:
+        if what.split(" [")[0] in spins:
+            spun[what] = max(v, spun.get(what, 0))
+    return sum(spun.values())
 
 
 CLOCK_RX = re.compile(r":(__)?(gettimeofday|clock_gettime)(_syscall)?\b")
@@ -230,9 +234,8 @@ def annotate(path: str) -> tuple[int, dict[str, int], int, dict[str, int], set[s
     for v, what in rows:
         funcs[what] = max(v, funcs.get(what, 0))
     spins = clock_spins(path)
-    spun = sum(v for name, v in funcs.items() if name.split(" [")[0] in spins)
-    objs = self_by_object(path, {n.split(":", 1)[1] if ":" in n.split("(")[0] else n for n in spins})
-    return total, funcs, spun, objs, spins
+    objs = self_by_object(path, {function_part(n) for n in spins})
+    return total, funcs, spun_in(rows, spins), objs, spins
 
 
 def func_ir(funcs: dict[str, int], rx: str) -> int | None:
@@ -261,9 +264,7 @@ def per_function(f1: dict[str, int], f2: dict[str, int], d: int) -> list[tuple[f
 
 def short_name(name: str) -> str:
     """file:function [object] from callgrind_annotate, as `function` without namespaces or arguments."""
-    fn = name.split(" [")[0]
-    fn = fn.split(":", 1)[1] if ":" in fn.split("(")[0] else fn
-    fn = fn.replace("(anonymous namespace)::", "")
+    fn = function_part(name).replace("(anonymous namespace)::", "")
     fn = re.sub(r"\(.*", "", fn)
     return fn.replace("shmrdma::provider::", "").replace("shmrdma::", "").replace("(anonymous namespace)::", "")
 
