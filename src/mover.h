@@ -7,6 +7,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <emmintrin.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -64,6 +66,26 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
     *lo = s[0] | uint64_t{s[len / 2]} << (8 * (len / 2)) | uint64_t{s[len - 1]} << (8 * (len - 1));
     *hi = 0;
   }
+}
+
+// Copies n (17 to 64) bytes in at most four 16-byte loads and then as many
+// stores (overlapping when n is not a multiple of 16): every load before
+// any store, so s and d may overlap, and no call (a memcpy of a size known
+// only at run time is a call or `rep movsb`).
+[[gnu::always_inline]] inline void copy_17_to_64(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + n - 16));
+  if (n <= 32) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + n - 16), z);
+    return;
+  }
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(n <= 48 ? s + 16 : s + 32));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), a);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), b);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(n <= 48 ? d + 16 : d + 32), c);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + n - 16), z);
 }
 
 // The inverse of load_small: len (1 to 16) bytes from lo (bytes 0-7) and

@@ -5,8 +5,9 @@
 // hint that takes a receive buffer's line for writing before a send stores
 // into it) changes no byte wherever it points, load_small / load_upto20
 // (a small message's bytes into registers, for its completion) give exactly
-// the bytes asked for and read none past them, and store_small (those
-// registers into a receive buffer) writes exactly them.
+// the bytes asked for and read none past them, store_small / store_upto20
+// (those registers into a receive buffer) write exactly them, and
+// copy_17_to_64 copies exactly its bytes, also between overlapping ranges.
 
 #include "mover.h"
 
@@ -117,39 +118,53 @@ TEST(LoadUpto20, GivesTheBytesAndReadsNoneBeyond) {
   }
 }
 
-// Every length from 1 to 20 bytes, from load_upto20's registers, ending
-// right before the inaccessible page (a store past the message faults) and
-// after 8 canary bytes that must stay.
+// Every length from 1 to 20 bytes, from load_upto20's registers (and, up
+// to 16, from load_small's through store_small), ending right before the
+// inaccessible page (a store past the message faults) and after 8 canary
+// bytes that must stay.
 TEST(StoreUpto20, WritesTheBytesAndNoneBeyond) {
   GuardedPage g;  // an access past the end faults
   ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
   for (uint32_t len = 1; len <= 20; ++len) {
     unsigned char* d = g.end() - len;
-    std::memset(d - 8, 0xee, 8 + len);
-    uint64_t lo = 0, hi = 0;
-    uint32_t top = 0;
-    load_upto20(pat.data(), len, &lo, &hi, &top);
-    store_upto20(d, len, lo, hi, top);
-    for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[i]) << "len " << len << " byte " << i;
-    for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "len " << len;
+    for (int small = 0; small < (len <= 16 ? 2 : 1); ++small) {
+      std::memset(d - 8, 0xee, 8 + len);
+      uint64_t lo = 0, hi = 0;
+      uint32_t top = 0;
+      if (small) {
+        load_small(pat.data(), len, &lo, &hi);
+        store_small(d, len, lo, hi);
+      } else {
+        load_upto20(pat.data(), len, &lo, &hi, &top);
+        store_upto20(d, len, lo, hi, top);
+      }
+      for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[i]) << "len " << len << " small " << small << " byte " << i;
+      for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "len " << len << " small " << small;
+    }
   }
 }
 
-// Every length from 1 to 16 bytes at every alignment, as StoreUpto20.
-TEST(StoreSmall, WritesTheBytesAndNoneBeyond) {
+// Every length from 17 to 64 bytes, ending right before the inaccessible
+// page and after 8 canary bytes; and as a move within one buffer, the
+// destination 1 to 15 bytes before or after the source (every load comes
+// before any store).
+TEST(Copy17To64, CopiesExactlyTheBytesAndMayOverlap) {
   GuardedPage g;  // an access past the end faults
   ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
-  for (uint32_t len = 1; len <= 16; ++len) {
-    for (uint32_t before = 0; before < 8; ++before) {  // every alignment, the last byte at the page's end
-      unsigned char* d = g.end() - len;
-      std::memset(d - before - 8, 0xee, before + 8 + len);
-      uint64_t lo = 0, hi = 0;
-      load_small(pat.data() + before, len, &lo, &hi);
-      store_small(d, len, lo, hi);
-      for (uint32_t i = 0; i < len; ++i) ASSERT_EQ(d[i], pat[before + i]) << "len " << len << " byte " << i;
-      for (uint32_t i = 1; i <= before + 8; ++i) ASSERT_EQ(d[-static_cast<long>(i)], 0xee) << "len " << len;
+  for (uint32_t n = 17; n <= 64; ++n) {
+    unsigned char* d = g.end() - n;
+    std::memset(d - 8, 0xee, 8 + n);
+    copy_17_to_64(d, pat.data(), n);
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(d[i], pat[i]) << "n " << n << " byte " << i;
+    for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "n " << n;
+    for (int shift = -15; shift <= 15; ++shift) {
+      unsigned char* s = g.end() - 64 - 16;  // room for the destination either side
+      std::memcpy(s, pat.data(), n);
+      unsigned char* to = s + shift;
+      copy_17_to_64(to, s, n);
+      for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(to[i], pat[i]) << "n " << n << " shift " << shift << " byte " << i;
     }
   }
 }
