@@ -35,11 +35,6 @@ using shmrdma::layout::QpEntry;
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-std::string str(const ibv_wc& w) {
-  return std::string(ibv_wc_status_str(w.status)) + " opcode " + std::to_string(w.opcode) + " wr_id " +
-         std::to_string(w.wr_id);
-}
-
 // A second, writable view of the context segment that holds QP `qpn` (its
 // number names the context slot: ctx-<slot>-<generation>), as a peer of that
 // context sees it.
@@ -184,9 +179,9 @@ TEST_F(SrqHostile, HostileReceiverPdDoesNotMatchAnUnarmedKeyCache) {
     ASSERT_EQ(send8(c, k), 0);
     ibv_wc w{};
     ASSERT_EQ(poll_n(ccq_, &w, 1), 1);
-    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << str(w);
+    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << harness::wc_str(w);
     ASSERT_EQ(poll_n(cq_, &w, 1), 1);
-    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << str(w);
+    ASSERT_EQ(w.status, IBV_WC_SUCCESS) << harness::wc_str(w);
     ASSERT_EQ(w.wr_id, k);
   }
   for (uint32_t i = 0; i < 8; ++i) ASSERT_EQ(odp[i], 0x30 + i) << "the honest SEND's byte " << i;
@@ -216,9 +211,9 @@ TEST_F(SrqHostile, HostileReceiverPdDoesNotMatchAnUnarmedKeyCache) {
   ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
   ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
   e->pd_index = pd_index;  // (before any other assertion can end the test)
-  EXPECT_EQ(snd.status, IBV_WC_REM_OP_ERR) << str(snd);
+  EXPECT_EQ(snd.status, IBV_WC_REM_OP_ERR) << harness::wc_str(snd);
   EXPECT_EQ(snd.wr_id, 3u);
-  EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << str(rcv);
+  EXPECT_EQ(rcv.status, IBV_WC_LOC_PROT_ERR) << harness::wc_str(rcv);
   EXPECT_EQ(rcv.wr_id, 3u);
   EXPECT_EQ(harness::qp_state(sv), IBV_QPS_ERR);
   for (size_t i = 8; i < odp.size(); ++i) ASSERT_EQ(odp[i], 0x5a) << "byte " << i << " of the on-demand MR was written";
