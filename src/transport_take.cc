@@ -528,6 +528,7 @@ namespace {
 // header (the AM id and 8 header bytes), so an 8-byte Open MPI message
 // over UCX is 17 bytes; 64 covers the short ones (one packet at any MTU).
 constexpr uint32_t kSrqLeafMaxBytes = 64;
+static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
 
 // Copies n (0 to 16) bytes without a call (mover.h copy_4_to_16).
 [[gnu::always_inline]] inline void copy_upto16(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
@@ -754,6 +755,13 @@ constexpr uint32_t kSrqLeafMaxBytes = 64;
   // bytes are written again, the same ones, before push_peer_cqe_rest.
   const auto put_bytes = [&]() __attribute__((always_inline)) {
     if (inl) return;
+    // 17 to 64 bytes (Open MPI's 8-byte message over UCX is 17) without a
+    // call: copy_17_to_64 loads everything before it stores, so an overlap
+    // (a loopback send out of its own receive buffer) is fine too.
+    if (len > 16) {
+      copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
+      return;
+    }
     if (!move_out_small(dst, src, len)) {
       const IoVec l{const_cast<void*>(src), len}, d{dst, len};
       (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
