@@ -31,16 +31,6 @@ void copy_lists(const IoVec* dst, size_t nd, const IoVec* src, size_t ns) {
 
 bool overlap(const char* d, const char* s, size_t n) { return d < s + n && s < d + n; }
 
-// Up to 16 bytes without a call: fixed-size copies the compiler turns into
-// a load and a store each (two overlapping ones cover any length in range).
-inline void copy_small(char* d, const char* s, size_t n) {
-  if (n >= 4) {
-    copy_4_to_16(d, s, n);
-  } else {
-    for (size_t i = 0; i < n; ++i) d[i] = s[i];
-  }
-}
-
 int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote) {
   if (nlocal > kMaxIov || nremote > kMaxIov) return EINVAL;
   iovec l[kMaxIov], r[kMaxIov];
@@ -69,13 +59,13 @@ int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, co
     const auto* sp = static_cast<const char*>(local->base);
     if (!last_byte_last || len == 1) {
       if (len <= 16 && !overlap(d, sp, len))
-        copy_small(d, sp, len);
+        copy_upto16(d, sp, len);
       else
         std::memmove(d, sp, len);
       return 0;
     }
     if (len <= 17 && !overlap(d, sp, len))
-      copy_small(d, sp, len - 1);
+      copy_upto16(d, sp, len - 1);
     else
       std::memmove(d, sp, len - 1);
     std::atomic_ref<char>(d[len - 1]).store(sp[len - 1], std::memory_order_release);  // see below

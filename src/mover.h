@@ -46,6 +46,22 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
   }
 }
 
+// n (0 to 16) bytes from s to d without a call: copy_4_to_16 from 4 bytes
+// on, below that the first, middle and last byte (three loads, then three
+// stores). Every load comes before any store, so s and d may overlap.
+inline void copy_upto16(void* dst, const void* src, size_t n) noexcept {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (n >= 4) {
+    copy_4_to_16(d, s, n);
+  } else if (n) {
+    const char a = s[0], b = s[n / 2], c = s[n - 1];
+    d[0] = a;
+    d[n / 2] = b;
+    d[n - 1] = c;
+  }
+}
+
 // Bytes 0-7 and 8-15 of len (1 to 16) bytes at s, zero past len, in
 // registers: overlapping loads of 8, 4 or 1 byte(s), none past s + len (a
 // small message's bytes going into its completion: send_leaf).

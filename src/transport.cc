@@ -207,13 +207,10 @@ namespace {
 // destination may overlap: both can be in one MR of this process), longer
 // ones with memmove.
 inline void copy_in(void* dst, const void* src, size_t len) noexcept {
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  if (len >= 4 && len <= 16) {
-    copy_4_to_16(d, s, len);
-  } else {
-    std::memmove(d, s, len);
-  }
+  if (len <= 16)
+    copy_upto16(dst, src, len);
+  else
+    std::memmove(dst, src, len);
 }
 
 }  // namespace

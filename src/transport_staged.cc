@@ -79,23 +79,6 @@ uint32_t ring_max_sge(const Ring& rq) noexcept {
   return std::min(n, limits::kMaxSge);
 }
 
-// Copies len (1 to kStagedMaxData) bytes without a call: two overlapping
-// moves (three from 17 bytes on), as move_out_small does.
-inline void copy_small(uint8_t* d, const uint8_t* s, uint32_t len) noexcept {
-  if (len >= 8) {
-    std::memcpy(d, s, 8);
-    if (len > 16) std::memcpy(d + 8, s + 8, 8);
-    std::memcpy(d + len - 8, s + len - 8, 8);
-  } else if (len >= 4) {
-    std::memcpy(d, s, 4);
-    std::memcpy(d + len - 4, s + len - 4, 4);
-  } else {
-    d[0] = s[0];
-    d[len / 2] = s[len / 2];
-    d[len - 1] = s[len - 1];
-  }
-}
-
 }  // namespace
 
 // deliver_staged's move of len bytes into the buffers of the WQE at h,
@@ -222,8 +205,16 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
                                 remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r));
   if (inl && one) {
     sc.kind = layout::kStagedInline;
-    uint8_t bytes[layout::kStagedMaxData] = {};
-    if (len) copy_small(bytes, static_cast<const uint8_t*>(local[0].base), static_cast<uint32_t>(len));
+    // The bytes in registers as send_leaf loads them (zero past len), then
+    // into the completion's three fields.
+    static_assert(layout::kStagedMaxData == 20);
+    uint64_t lo = 0, hi = 0;
+    uint32_t top = 0;
+    if (len) load_upto20(static_cast<const uint8_t*>(local[0].base), static_cast<uint32_t>(len), &lo, &hi, &top);
+    uint8_t bytes[layout::kStagedMaxData];
+    std::memcpy(bytes, &lo, 8);
+    std::memcpy(bytes + 8, &hi, 8);
+    std::memcpy(bytes + 16, &top, 4);
     std::memcpy(sc.data0, bytes, sizeof sc.data0);
     std::memcpy(sc.data1, bytes + 4, sizeof sc.data1);
     std::memcpy(sc.data2, bytes + 12, sizeof sc.data2);

@@ -530,14 +530,6 @@ namespace {
 constexpr uint32_t kSrqLeafMaxBytes = 64;
 static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
 
-// Copies n (0 to 16) bytes without a call (mover.h copy_4_to_16).
-[[gnu::always_inline]] inline void copy_upto16(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
-  if (n >= 4)
-    copy_4_to_16(reinterpret_cast<char*>(d), reinterpret_cast<const char*>(s), n);
-  else
-    for (uint32_t k = 0; k < n; ++k) d[k] = s[k];
-}
-
 }  // namespace
 
 // ibv_post_send's cheapest SEND into a QP with an SRQ (the provider's
