@@ -337,6 +337,11 @@ VERBS_MODES = [
      {"post_send": 1, "poll_cq": 1}),
     ("recv", "ibv_post_recv of one WR of one SGE", {"post_recv": 1}),
     ("recv16", "ibv_post_recv of a list of 16 WRs of one SGE each (per call)", {"post_recv": 1}),
+    ("srq_answer", "17 B SEND of two inline SGEs into an SRQ, an answer (Open MPI's 8 B message over UCX's "
+     "rc_verbs; 1 in 64 signaled; post; the poll returning its receive completion and, 1 in 64, the send's)",
+     {"post_send": 1, "poll_cq": 1}),
+    ("srq_stream", "16 B SEND of two inline SGEs into an SRQ in a stream (UCX's am_bw of 8 B; its bytes in the "
+     "completion; 1 in 64 signaled; post; the polls returning the completions)", {"post_send": 1, "poll_cq": 1}),
 ]
 
 

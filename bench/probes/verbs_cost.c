@@ -26,6 +26,17 @@
  *                  is followed by 64 SENDs that consume them (their polls)
  *       recv16     N ibv_post_recv calls of a list of 16 WRs of one SGE
  *                  each; every 4th is followed by 64 SENDs that consume them
+ *       srq_answer N 17-byte inline SENDs of two SGEs (8 + 9 bytes, as UCX's
+ *                  am_short carries Open MPI's 8-byte message) into a QP
+ *                  with an SRQ, unsignaled (1 in 64 signaled, as UCX's
+ *                  moderation), each after the poll of the previous one's
+ *                  receive completion (so each is an answer, as in a
+ *                  ping-pong: its bytes go into the receive buffer)
+ *       srq_stream N 16-byte inline SENDs of two SGEs (8 + 8 bytes, UCX's
+ *                  am_bw of 8 bytes) into a QP with an SRQ, 1 in 64
+ *                  signaled, 64 in a row before their receive completions
+ *                  are polled (a stream: the bytes travel in the
+ *                  completion; the first after those polls is an answer)
  * Exit status 0 when every call did what it should (checked), else 1.
  */
 #include <infiniband/verbs.h>
@@ -94,7 +105,7 @@ static void consume64(struct ibv_qp *qp, struct ibv_cq *scq, struct ibv_cq *rcq,
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) DIE("usage: verbs_cost empty|write|write_unsig|write_inline|send|read|read_unsig|fadd|recv|recv16 N");
+  if (argc != 3) DIE("usage: verbs_cost empty|write|write_unsig|write_inline|send|read|read_unsig|fadd|recv|recv16|srq_answer|srq_stream N");
   const char *mode = argv[1];
   long n = atol(argv[2]);
   const int atomic = strcmp(mode, "fadd") == 0;
@@ -112,16 +123,28 @@ int main(int argc, char **argv) {
                                      (atomic ? IBV_ACCESS_REMOTE_ATOMIC : 0));
   struct ibv_cq *cq[2] = {ibv_create_cq(ctx, 256, NULL, NULL, 0), ibv_create_cq(ctx, 256, NULL, NULL, 0)};
   if (!pd || !mr || !cq[0] || !cq[1]) DIE("pd/mr/cq");
+  const int stream = strcmp(mode, "srq_stream") == 0;
+  const int srq_mode = stream || strcmp(mode, "srq_answer") == 0;
+  struct ibv_srq *srq = NULL;
+  if (srq_mode) {
+    struct ibv_srq_init_attr sa;
+    memset(&sa, 0, sizeof sa);
+    sa.attr.max_wr = 256;
+    sa.attr.max_sge = 1;
+    srq = ibv_create_srq(pd, &sa);
+    if (!srq) DIE("create_srq");
+  }
   struct ibv_qp *qp[2];
   for (int i = 0; i < 2; ++i) {
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof ia);
     ia.send_cq = cq[i];
     ia.recv_cq = cq[i];
+    ia.srq = i == 1 ? srq : NULL;
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = 128;
-    ia.cap.max_recv_wr = 128;
-    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_wr = srq && i == 1 ? 0 : 128;
+    ia.cap.max_send_sge = 2;
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = 64;
     qp[i] = ibv_create_qp(pd, &ia);
@@ -214,11 +237,51 @@ int main(int argc, char **argv) {
       if (ibv_post_recv(qp[1], rl, &rbad)) DIE("post_recv");
       if ((i + 1) * list % 64 == 0) consume64(qp[0], cq[0], cq[1], &sge);
     }
+  } else if (srq_mode) {
+    /* UCX's am_short: an 8-byte header and the payload, inline */
+    static const char hdr[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    char payload[9] = {0};
+    const uint32_t plen = stream ? 8 : 9;
+    struct ibv_sge two[2] = {{(uintptr_t)hdr, 8, 0}, {(uintptr_t)payload, plen, 0}};
+    struct ibv_recv_wr sr[64];
+    struct ibv_sge ssge[64];
+    for (int k = 0; k < 64; ++k) {
+      ssge[k] = (struct ibv_sge){(uintptr_t)buf[1] + 64 * (uint64_t)k, 64, mr->lkey};
+      memset(&sr[k], 0, sizeof sr[k]);
+      sr[k].sg_list = &ssge[k];
+      sr[k].num_sge = 1;
+      sr[k].next = k + 1 < 64 ? &sr[k + 1] : NULL;
+    }
+    struct ibv_recv_wr *sbad = NULL;
+    if (ibv_post_srq_recv(srq, sr, &sbad)) DIE("post_srq_recv");
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = two;
+    wr.num_sge = 2;
+    for (long i = 0; i < n; ++i) {
+      payload[0] = (char)i;
+      wr.wr_id = (uint64_t)i;
+      const int signaled = i % 64 == 63;
+      wr.send_flags = IBV_SEND_INLINE | (signaled ? IBV_SEND_SIGNALED : 0);
+      if (ibv_post_send(qp[0], &wr, &bad)) DIE("post_send");
+      if (!stream) {
+        poll_one(cq[1], IBV_WC_RECV);
+        if (buf[1][64 * (i % 64) + 8] != (char)i || memcmp(buf[1] + 64 * (i % 64), hdr, 8) != 0) DIE("data");
+      }
+      if (signaled) {
+        poll_one(cq[0], IBV_WC_SEND);
+        for (int k = 0; stream && k < 64; ++k) {
+          poll_one(cq[1], IBV_WC_RECV);
+          if (buf[1][64 * k + 8] != (char)(i - 63 + k) || memcmp(buf[1] + 64 * k, hdr, 8) != 0) DIE("data");
+        }
+        if (ibv_post_srq_recv(srq, sr, &sbad)) DIE("post_srq_recv");  /* the 64 just consumed, again */
+      }
+    }
   } else {
     DIE("unknown mode %s", mode);
   }
   ibv_destroy_qp(qp[0]);
   ibv_destroy_qp(qp[1]);
+  if (srq) ibv_destroy_srq(srq);
   ibv_destroy_cq(cq[0]);
   ibv_destroy_cq(cq[1]);
   ibv_dereg_mr(mr);
