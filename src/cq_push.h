@@ -98,17 +98,22 @@ template <typename Fill>
   std::memcpy(d + 48, &t, 8);
 }
 
-// push_common_with for a CQE the caller has built; before() runs in the
-// reserved slot's fill, right before the CQE is copied in (srq_send_leaf
-// writes the message's bytes there).
+// push_common_with for a CQE the caller has built, which `qualifies` (see
+// push_common_with) or not; before() runs in the reserved slot's fill,
+// right before the CQE is copied in (srq_send_leaf writes the message's
+// bytes there, and knows its CQE is no error).
+template <typename Before>
+[[gnu::always_inline]] inline Fast push_built(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
+                                              RingCache* cache, bool qualifies, Before&& before) noexcept {
+  return push_common_with(peer, e, cache, qualifies, [&](std::byte* payload) __attribute__((always_inline)) {
+    before();
+    copy_cqe(payload, cqe);
+  });
+}
 template <typename Before>
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
                                                RingCache* cache, Before&& before) noexcept {
-  return push_common_with(peer, e, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe),
-                          [&](std::byte* payload) __attribute__((always_inline)) {
-                            before();
-                            copy_cqe(payload, cqe);
-                          });
+  return push_built(peer, e, cqe, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe), before);
 }
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
                                                RingCache* cache) noexcept {

@@ -49,7 +49,7 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
 // n (0 to 16) bytes from s to d without a call: copy_4_to_16 from 4 bytes
 // on, below that the first, middle and last byte (three loads, then three
 // stores). Every load comes before any store, so s and d may overlap.
-inline void copy_upto16(void* dst, const void* src, size_t n) noexcept {
+[[gnu::always_inline]] inline void copy_upto16(void* dst, const void* src, size_t n) noexcept {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   if (n >= 4) {
@@ -102,6 +102,15 @@ inline void copy_upto16(void* dst, const void* src, size_t n) noexcept {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), b);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(n <= 48 ? d + 16 : d + 32), c);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d + n - 16), z);
+}
+
+// n (0 to 64) bytes without a call: copy_upto16 or copy_17_to_64, so s and
+// d may overlap.
+[[gnu::always_inline]] inline void copy_upto64(uint8_t* d, const uint8_t* s, uint32_t n) noexcept {
+  if (n <= 16)
+    copy_upto16(d, s, n);
+  else
+    copy_17_to_64(d, s, n);
 }
 
 // The inverse of load_small: len (1 to 16) bytes from lo (bytes 0-7) and

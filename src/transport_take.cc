@@ -562,36 +562,38 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
                                                                                    const ibv_send_wr& wr) noexcept {
   const uint32_t tail = qp->sq_tail;
   if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
-  // The bytes (1 to kSrqLeafMaxBytes): one SGE (leaf_source), or two inline
-  // ones gathered here (post_send's checks for them: max_send_sge,
-  // max_inline_data).
+  // The bytes (1 to kSrqLeafMaxBytes): one SGE (leaf_source, src), or two
+  // inline ones (s0, a and s1, b; src nullptr; post_send's checks for them:
+  // max_send_sge, max_inline_data), which gather() puts together where they
+  // must be one (in fixed-size moves: a memcpy of a run-time size is a call;
+  // an empty SGE, which may have no address, moves nothing).
   const ibv_sge* g0 = wr.sg_list;
   uint8_t gathered[kSrqLeafMaxBytes];
   uint32_t len;
-  const void* src;
+  const void* src = nullptr;
+  const uint8_t *s0 = nullptr, *s1 = nullptr;
+  uint32_t a = 0, b = 0;
   if (wr.num_sge == 1) {
     src = leaf_source(qp, wr, &len, kSrqLeafMaxBytes);
     if (!src) return Leaf::kNotHandled;
   } else if (wr.num_sge == 2 && g0 && (wr.send_flags & IBV_SEND_INLINE) && qp->caps.max_send_sge >= 2 &&
              (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_UC)) {
-    const uint32_t a = g0[0].length, b = g0[1].length;
+    a = g0[0].length;
+    b = g0[1].length;
     len = a + b;
     if (a > kSrqLeafMaxBytes || b > kSrqLeafMaxBytes || len - 1 >= kSrqLeafMaxBytes ||
         len > qp->caps.max_inline_data)
       return Leaf::kNotHandled;
-    const auto* s0 = reinterpret_cast<const uint8_t*>(g0[0].addr);
-    const auto* s1 = reinterpret_cast<const uint8_t*>(g0[1].addr);
-    if (len <= 16) {
-      copy_upto16(gathered, s0, a);
-      copy_upto16(gathered + a, s1, b);
-    } else {
-      if (a) std::memcpy(gathered, s0, a);  // (an empty SGE may have no address)
-      if (b) std::memcpy(gathered + a, s1, b);
-    }
-    src = gathered;
+    s0 = reinterpret_cast<const uint8_t*>(g0[0].addr);
+    s1 = reinterpret_cast<const uint8_t*>(g0[1].addr);
   } else {
     return Leaf::kNotHandled;
   }
+  const auto gather = [&]() __attribute__((always_inline)) {
+    copy_upto64(gathered, s0, a);
+    copy_upto64(gathered + a, s1, b);
+    return static_cast<const uint8_t*>(gathered);
+  };
   // fast_target's hit, without its refresh (check_target).
   Peer* pp = qp->peer.get();
   if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
@@ -633,6 +635,10 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
                    len <= (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData) &&
                    !(ce->flags & layout::kCqTimestamp);
   qp->leaf_recv_polled = polled;
+  // Bytes that travel in the completion are read from one place: two
+  // inline SGEs are put together now, long before they are read (a read
+  // right after would wait for the stores that put them there).
+  if (inl && !src) src = gather();
 
   // The record, then the WQE at the consumer position: published, its
   // first buffer holding the message (and, unless inl, ours to write).
@@ -747,20 +753,38 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
   // bytes are written again, the same ones, before push_peer_cqe_rest.
   const auto put_bytes = [&]() __attribute__((always_inline)) {
     if (inl) return;
-    // 17 to 64 bytes (Open MPI's 8-byte message over UCX is 17) without a
-    // call: copy_17_to_64 loads everything before it stores, so an overlap
-    // (a loopback send out of its own receive buffer) is fine too.
+    const uint8_t* from = static_cast<const uint8_t*>(src);
+    if (!from) {
+      // Two inline SGEs (UCX's active messages: a header, then the
+      // payload) straight into the buffer, not through gathered (whose
+      // 16-byte loads would wait for the smaller stores that filled it to
+      // reach the cache); unless the first part's stores would overwrite
+      // bytes of the second before they are read (a loopback send out of
+      // its own receive buffer).
+      const uintptr_t d = reinterpret_cast<uintptr_t>(dst), q = reinterpret_cast<uintptr_t>(s1);
+      if (d + a <= q || q + b <= d) {
+        copy_upto64(dst, s0, a);
+        copy_upto64(dst + a, s1, b);
+        return;
+      }
+      from = gather();
+    }
+    // 17 to 64 bytes without a call: copy_17_to_64 loads everything before
+    // it stores, so an overlap (a loopback send out of its own receive
+    // buffer) is fine too.
     if (len > 16) {
-      copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
+      copy_17_to_64(dst, from, len);
       return;
     }
-    if (!move_out_small(dst, src, len)) {
-      const IoVec l{const_cast<void*>(src), len}, d{dst, len};
+    if (!move_out_small(dst, from, len)) {
+      const IoVec l{const_cast<uint8_t*>(from), len}, d{dst, len};
       (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
     }
   };
   if (take_complete_begin(t, taken)) {
-    const cqpush::Fast f = cqpush::push_common(peer, ce, cqe, &qp->target_cq_cache, put_bytes);
+    // (Its CQE is a success: an armed CQ fires for it if it is solicited.)
+    const cqpush::Fast f =
+        cqpush::push_built(peer, ce, cqe, &qp->target_cq_cache, flags & layout::kCqeSolicited, put_bytes);
     if (f != cqpush::Fast::kPushed) [[unlikely]] {
       if (f == cqpush::Fast::kFallback) put_bytes();
       (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));

@@ -664,6 +664,81 @@ TEST_F(SrqSmall, TwoInlineSgesArriveWhole) {
   }
 }
 
+// Two inline SGEs (UCX's shape) of every split of 1 to 64 bytes, each sent
+// twice in a row: the first after a receive was polled (an answer: the
+// leaf writes both parts straight into the buffer), the second right after
+// it (a stream: up to 20 bytes travel in the completion). Then an answer
+// whose second part is read from the very buffer its first part lands in
+// (a loopback send out of its own receive buffer): the bytes the post
+// carried arrive, not what the first part's stores left there.
+TEST_F(SrqSmall, TwoInlineSgesOfEverySplitAndAnOverlapArriveAsPosted) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  uint8_t head[64], tail[64];
+  for (int i = 0; i < 64; ++i) head[i] = static_cast<uint8_t>(0x20 + i), tail[i] = static_cast<uint8_t>(0x70 + i);
+  const auto post_two = [&](const uint8_t* s0, uint32_t a, const uint8_t* s1, uint32_t b, uint64_t id) {
+    ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(s0), a, 0}, {reinterpret_cast<uint64_t>(s1), b, 0}};
+    ibv_send_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = sge;
+    wr.num_sge = 2;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(c, &wr, &bad);
+  };
+  constexpr uint64_t kDst[2] = {8192, 8192 + 256};
+  for (uint32_t len = 1; len <= 64; ++len)
+    for (uint32_t a = 0; a <= len; ++a) {
+      const uint32_t b = len - a;
+      for (int k = 0; k < 2; ++k) {
+        std::memset(buf_.data() + kDst[k], 0x5a, 128);
+        ASSERT_EQ(post_srq(s, 100 + k, kDst[k] + 16, 100), 0);
+      }
+      for (int k = 0; k < 2; ++k) {
+        ASSERT_EQ(post_two(head, a, tail, b, 200 + k), 0);
+        ibv_wc snd{};
+        ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+        ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+      }
+      for (int k = 0; k < 2; ++k) {
+        ibv_wc rcv{};
+        ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+        ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv) << " " << a << "+" << b << ", send " << k;
+        EXPECT_EQ(rcv.wr_id, 100u + k);
+        EXPECT_EQ(rcv.byte_len, len);
+        const uint8_t* d = buf_.data() + kDst[k];
+        for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(d[i], 0x5a) << a << "+" << b << ", send " << k << ": byte " << i;
+        for (uint32_t i = 0; i < a; ++i)
+          ASSERT_EQ(d[16 + i], head[i]) << a << "+" << b << ", send " << k << ": byte " << i;
+        for (uint32_t i = 0; i < b; ++i)
+          ASSERT_EQ(d[16 + a + i], tail[i]) << a << "+" << b << ", send " << k << ": byte " << a + i;
+        for (uint32_t i = 16 + len; i < 128; ++i)
+          ASSERT_EQ(d[i], 0x5a) << a << "+" << b << ", send " << k << ": byte " << i - 16;
+      }
+    }
+  // The overlap: an answer (a receive was polled above) of 8 + 24 bytes
+  // whose second part starts 2 bytes into the buffer it goes to.
+  uint8_t* dst = buf_.data() + kDst[0] + 16;
+  for (int i = 0; i < 64; ++i) dst[i] = static_cast<uint8_t>(0xb0 + i);
+  uint8_t want[32];
+  std::memcpy(want, head, 8);
+  std::memcpy(want + 8, dst + 2, 24);
+  ASSERT_EQ(post_srq(s, 300, kDst[0] + 16, 100), 0);
+  ASSERT_EQ(post_two(head, 8, dst + 2, 24, 301), 0);
+  ibv_wc snd{}, rcv{};
+  ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
+  ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+  ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+  ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+  EXPECT_EQ(rcv.byte_len, 32u);
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(dst[i], want[i]) << "byte " << i;
+  EXPECT_EQ(dst[32], 0xb0 + 32) << "nothing past the message";
+}
+
 TEST_F(SrqSmall, BufferTooSmallIsLocLenAtTheReceiverAndRemInvReqAtTheSender) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
