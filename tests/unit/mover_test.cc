@@ -7,8 +7,8 @@
 // (a small message's bytes into registers, for its completion) give exactly
 // the bytes asked for and read none past them, store_small / store_upto20
 // (those registers into a receive buffer) write exactly them, and
-// copy_upto16 and copy_17_to_64 copy exactly their bytes, also between
-// overlapping ranges.
+// copy_upto16, copy_17_to_64 and copy_upto64 copy exactly their bytes,
+// also between overlapping ranges.
 
 #include "mover.h"
 
@@ -170,35 +170,42 @@ TEST(Copy17To64, CopiesExactlyTheBytesAndMayOverlap) {
   }
 }
 
-// copy_upto16 at every length 0-16: exactly the bytes, none before or past
-// them (the copy ends at a guard page), and the same with the destination 1
-// to 15 bytes before or after the source (every load comes before any
-// store): around the destination, only what the source's region held.
-TEST(CopyUpto16, CopiesExactlyTheBytesAndMayOverlap) {
+// copy_upto16 at every length 0-16 and copy_upto64 at every length 0-64:
+// exactly the bytes, none before or past them (the copy ends at a guard
+// page), and the same with the destination 1 to 15 bytes before or after
+// the source (every load comes before any store): around the destination,
+// only what the source's region held.
+template <typename Copy>
+void check_copy_upto(uint32_t max, Copy copy) {
   GuardedPage g;
   ASSERT_TRUE(g.ok());
   const std::array<unsigned char, 256> pat = pattern();
-  for (uint32_t n = 0; n <= 16; ++n) {
+  for (uint32_t n = 0; n <= max; ++n) {
     unsigned char* d = g.end() - n;
     std::memset(d - 8, 0xee, 8 + n);
-    copy_upto16(d, pat.data(), n);
-    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(d[i], pat[i]) << "n " << n << " byte " << i;
-    for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "n " << n;
+    copy(d, pat.data(), n);
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(d[i], pat[i]) << "max " << max << " n " << n << " byte " << i;
+    for (int i = 1; i <= 8; ++i) ASSERT_EQ(d[-i], 0xee) << "max " << max << " n " << n;
     for (int shift = -15; shift <= 15; ++shift) {
-      unsigned char* s = g.end() - 64;
-      std::memset(s - 48, 0xee, 48 + 64);
+      unsigned char* s = g.end() - 96;
+      std::memset(s - 48, 0xee, 48 + 96);
       std::memcpy(s, pat.data(), n);
       unsigned char* to = s + shift;
-      copy_upto16(to, s, n);
+      copy(to, s, n);
       for (int i = -16; i < static_cast<int>(n) + 16; ++i) {
         const int k = i + shift;  // that byte's place in the source's region
         const unsigned char want = i >= 0 && i < static_cast<int>(n) ? pat[i]
                                    : k >= 0 && k < static_cast<int>(n) ? pat[k]
                                                                        : 0xee;
-        ASSERT_EQ(to[i], want) << "n " << n << " shift " << shift << " byte " << i;
+        ASSERT_EQ(to[i], want) << "max " << max << " n " << n << " shift " << shift << " byte " << i;
       }
     }
   }
+}
+
+TEST(CopyUpto, CopiesExactlyTheBytesAndMayOverlap) {
+  check_copy_upto(16, [](unsigned char* d, const unsigned char* s, uint32_t n) { copy_upto16(d, s, n); });
+  check_copy_upto(64, [](unsigned char* d, const unsigned char* s, uint32_t n) { copy_upto64(d, s, n); });
 }
 
 }  // namespace
