@@ -349,6 +349,25 @@ namespace {
   return poll_rest(cq, core, num_entries, wc, 0);
 }
 
+// poll_hit's staged CQE (take_cqe left it at position pos, slot h): finished
+// out of line (take_staged, as poll_cq_wc does), not taken again from the
+// start in poll_rest. It may give nothing to hand out (0): the poll goes on
+// with the next.
+[[gnu::noinline]] int poll_staged(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, RingSlotHeader* h,
+                                  uint32_t pos) noexcept {
+  const Ring& ring = cq->info.ring;
+  const int took = core->take_staged(ring, h, pos, wc, nullptr);
+  h = ring.next_header(h, pos);
+  ++pos;
+  cq->next_slot.store(h, std::memory_order_relaxed);
+  cq->next_pos.store(pos, std::memory_order_relaxed);
+  if (took) core->note_taken(1);
+  // ibv_poll_cq(3) returns every completion available up to num_entries.
+  if (num_entries > took && Ring::published_for(h, pos)) return poll_rest(cq, core, num_entries, wc, took);
+  cq->poll_lock.unlock_owner();
+  return took;
+}
+
 // The locked part of poll_cq: something looked ready, or it is the 1024th
 // poll, which also watches for a dead producer in the core. Completions go
 // from their ring slots straight into the application's array. The usual
@@ -363,8 +382,8 @@ namespace {
   if (!Ring::published_for(h, pos)) [[unlikely]]
     return poll_rest(cq, core, num_entries, wc, 0);
   const Ring& ring = cq->info.ring;
-  if (!core->take_cqe(ring, h, pos, wc)) [[unlikely]]  // a staged CQE: the general path takes it
-    return poll_rest(cq, core, num_entries, wc, 0);
+  if (!core->take_cqe(ring, h, pos, wc)) [[unlikely]]  // a staged CQE
+    return poll_staged(cq, core, num_entries, wc, h, pos);
   core->note_taken(1);
   h = ring.next_header(h, pos);
   ++pos;
