@@ -756,11 +756,10 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
     const uint8_t* from = static_cast<const uint8_t*>(src);
     if (!from) {
       // Two inline SGEs (UCX's active messages: a header, then the
-      // payload) straight into the buffer, not through gathered (whose
-      // 16-byte loads would wait for the smaller stores that filled it to
-      // reach the cache); unless the first part's stores would overwrite
-      // bytes of the second before they are read (a loopback send out of
-      // its own receive buffer).
+      // payload) straight into the buffer, not copied twice through
+      // gathered; unless the first part's stores would overwrite bytes of
+      // the second before they are read (a loopback send out of its own
+      // receive buffer).
       const uintptr_t d = reinterpret_cast<uintptr_t>(dst), q = reinterpret_cast<uintptr_t>(s1);
       if (d + a <= q || q + b <= d) {
         copy_upto64(dst, s0, a);
