@@ -393,6 +393,9 @@ class LocalContext {
   int post_send_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, GeneralPost general,
                      void* arg) noexcept;
   [[gnu::noinline]] int write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  // write_leaf's WRITE of more than 16 bytes (a memmove), out of line.
+  [[gnu::noinline]] int write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, const void* src,
+                                         uint32_t len) noexcept;
   [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
@@ -430,6 +433,7 @@ class LocalContext {
       return nullptr;
     return reinterpret_cast<const void*>(m.addr + off);
   }
+  template <bool kLarge>
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   template <bool kInPlace>

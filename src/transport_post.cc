@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "async.h"
 #include "context.h"
@@ -411,6 +412,7 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
 // the store of the bytes waits for a line the target is polling (UCX's
 // put_bw responder does), every later store queues behind it and the
 // thread stalls once the store buffer is full (bench/README.md).
+template <bool kLarge>
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::write_leaf_locked(Qp* qp, const ibv_send_wr& wr,
                                                                                 const void* src, uint32_t len) noexcept {
   // (Few values are kept from the checks to the move and from the move on:
@@ -429,7 +431,16 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
     if (!qp->send_local || !qp->send_local->peek_single(&pos)) return Leaf::kNotHandled;
   }
   uint8_t* dst = remote_write_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
-  if (!dst || !move_out_small(dst, src, len)) return Leaf::kNotHandled;  // overlapping: nothing moved
+  if constexpr (kLarge) {
+    // More than 16 bytes: move_out's memmove (both sides are reachable
+    // here, so it cannot fail), the last byte stored last, as execute_fast
+    // moves them.
+    if (!dst) return Leaf::kNotHandled;
+    const IoVec l{const_cast<void*>(src), len}, r{dst, len};
+    (void)move_out(pp->pid, true, &l, 1, &r, 1, true);
+  } else {
+    if (!dst || !move_out_small(dst, src, len)) return Leaf::kNotHandled;  // overlapping: nothing moved
+  }
   count::sent_rc_groups(qp, count::fast_groups(qp), IBV_WR_RDMA_WRITE, len);  // counters: packets and bytes
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!(wr.send_flags & IBV_SEND_SIGNALED) && !qp->sq_sig_all) return Leaf::kDone;
@@ -442,10 +453,19 @@ int LocalContext::write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noex
   // the application has them, or the SGE checked against our MR table as
   // execute_fast checks it.
   uint32_t len;
-  const void* src = leaf_source(qp, *wr, &len);
+  const void* src = leaf_source(qp, *wr, &len, std::numeric_limits<uint32_t>::max() - 1);  // 1 byte and up
   if (!src) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  // More than 16 bytes out of line: the common small WRITE calls nothing.
+  if (len > 16) [[unlikely]]
+    return write_leaf_large(qp, wr, bad_wr, src, len);
   return run_leaf(qp, wr, bad_wr,
-                  [&]() __attribute__((always_inline)) { return write_leaf_locked(qp, *wr, src, len); });
+                  [&]() __attribute__((always_inline)) { return write_leaf_locked<false>(qp, *wr, src, len); });
+}
+
+int LocalContext::write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, const void* src,
+                                   uint32_t len) noexcept {
+  return run_leaf(qp, wr, bad_wr,
+                  [&]() __attribute__((always_inline)) { return write_leaf_locked<true>(qp, *wr, src, len); });
 }
 
 // What a leaf did not finish: its WR completed into a send CQ armed for the
