@@ -58,7 +58,7 @@ int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, co
     auto* d = static_cast<char*>(remote->base);
     const auto* sp = static_cast<const char*>(local->base);
     if (!last_byte_last || len == 1) {
-      if (len <= 16 && !overlap(d, sp, len))
+      if (len <= 16)  // overlapping too: copy_upto16 loads before it stores
         copy_upto16(d, sp, len);
       else
         std::memmove(d, sp, len);

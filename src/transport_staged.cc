@@ -220,16 +220,13 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
     std::memcpy(sc.data2, bytes + 12, sizeof sc.data2);
   } else {
     // The bytes go into the WQE's buffers now, before the CQE says so: into
-    // the one buffer remote_hit answered for (a memmove from 17 bytes on),
-    // else through stage_in_place, which resolves every buffer.
+    // the one buffer remote_hit answered for (move_out: reachable here, a
+    // copy), else through stage_in_place, which resolves every buffer.
     sc.kind = layout::kStagedInPlace;
     bool moved = false;
     if (one && r.local && !qp->local_odp && nlocal == 1) {
-      moved = move_out_small(r.local, local[0].base, len);
-      if (!moved && len > 16) {
-        const IoVec d{r.local, len};
-        moved = move_out(peer.pid, true, local, 1, &d, 1, false) == 0;
-      }
+      const IoVec d{r.local, len};
+      moved = move_out(peer.pid, true, local, 1, &d, 1, false) == 0;
     }
     if (!moved && !stage_in_place(qp, peer, t, rq, h, len, local, nlocal)) {
       take_end(t, v);

@@ -528,7 +528,7 @@ namespace {
 // header (the AM id and 8 header bytes), so an 8-byte Open MPI message
 // over UCX is 17 bytes; 64 covers the short ones (one packet at any MTU).
 constexpr uint32_t kSrqLeafMaxBytes = 64;
-static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
+static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
 
 }  // namespace
 
@@ -768,17 +768,10 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_17_to_64
       }
       from = gather();
     }
-    // 17 to 64 bytes without a call: copy_17_to_64 loads everything before
-    // it stores, so an overlap (a loopback send out of its own receive
-    // buffer) is fine too.
-    if (len > 16) {
-      copy_17_to_64(dst, from, len);
-      return;
-    }
-    if (!move_out_small(dst, from, len)) {
-      const IoVec l{const_cast<uint8_t*>(from), len}, d{dst, len};
-      (void)move_out(peer.pid, true, &l, 1, &d, 1, false);  // direct: a memmove
-    }
+    // 1 to 64 bytes without a call: copy_upto64 loads everything before it
+    // stores, so an overlap (a loopback send out of its own receive buffer)
+    // is fine too.
+    copy_upto64(dst, from, len);
   };
   if (take_complete_begin(t, taken)) {
     // (Its CQE is a success: an armed CQ fires for it if it is solicited.)

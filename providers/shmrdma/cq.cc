@@ -349,23 +349,31 @@ namespace {
   return poll_rest(cq, core, num_entries, wc, 0);
 }
 
+// The end of a poll that took position pos's slot h and handed out `took`
+// (0 or 1) completions from it into wc: the cursor past it, then the rest
+// in poll_rest when more is ready and wanted (ibv_poll_cq(3) returns every
+// completion available up to num_entries), else the lock goes.
+[[gnu::always_inline]] inline int poll_one_done(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc,
+                                                RingSlotHeader* h, uint32_t pos, int took) noexcept {
+  if (took) core->note_taken(1);
+  h = cq->info.ring.next_header(h, pos);
+  ++pos;
+  cq->next_slot.store(h, std::memory_order_relaxed);
+  cq->next_pos.store(pos, std::memory_order_relaxed);
+  if (num_entries > took && Ring::published_for(h, pos)) [[unlikely]]
+    return poll_rest(cq, core, num_entries, wc, took);
+  cq->poll_lock.unlock_owner();
+  return took;
+}
+
 // poll_hit's staged CQE (take_cqe left it at position pos, slot h): finished
 // out of line (take_staged, as poll_cq_wc does), not taken again from the
 // start in poll_rest. It may give nothing to hand out (0): the poll goes on
 // with the next.
 [[gnu::noinline]] int poll_staged(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, RingSlotHeader* h,
                                   uint32_t pos) noexcept {
-  const Ring& ring = cq->info.ring;
-  const int took = core->take_staged(ring, h, pos, wc, nullptr);
-  h = ring.next_header(h, pos);
-  ++pos;
-  cq->next_slot.store(h, std::memory_order_relaxed);
-  cq->next_pos.store(pos, std::memory_order_relaxed);
-  if (took) core->note_taken(1);
-  // ibv_poll_cq(3) returns every completion available up to num_entries.
-  if (num_entries > took && Ring::published_for(h, pos)) return poll_rest(cq, core, num_entries, wc, took);
-  cq->poll_lock.unlock_owner();
-  return took;
+  const int took = core->take_staged(cq->info.ring, h, pos, wc, nullptr);
+  return poll_one_done(cq, core, num_entries, wc, h, pos, took);
 }
 
 // The locked part of poll_cq: something looked ready, or it is the 1024th
@@ -384,16 +392,7 @@ namespace {
   const Ring& ring = cq->info.ring;
   if (!core->take_cqe(ring, h, pos, wc)) [[unlikely]]  // a staged CQE
     return poll_staged(cq, core, num_entries, wc, h, pos);
-  core->note_taken(1);
-  h = ring.next_header(h, pos);
-  ++pos;
-  cq->next_slot.store(h, std::memory_order_relaxed);
-  cq->next_pos.store(pos, std::memory_order_relaxed);
-  // ibv_poll_cq(3) returns every completion available up to num_entries.
-  if (num_entries > 1 && Ring::published_for(h, pos)) [[unlikely]]
-    return poll_rest(cq, core, num_entries, wc, 1);
-  cq->poll_lock.unlock_owner();
-  return 1;
+  return poll_one_done(cq, core, num_entries, wc, h, pos, 1);
 }
 
 // poll_hit for our own send completions (own_ready said they may wait):
