@@ -29,8 +29,6 @@ void copy_lists(const IoVec* dst, size_t nd, const IoVec* src, size_t ns) {
   }
 }
 
-bool overlap(const char* d, const char* s, size_t n) { return d < s + n && s < d + n; }
-
 int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote) {
   if (nlocal > kMaxIov || nremote > kMaxIov) return EINVAL;
   iovec l[kMaxIov], r[kMaxIov];
@@ -45,32 +43,12 @@ int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* r
   return static_cast<size_t>(n) == want ? 0 : EFAULT;
 }
 
-}  // namespace
-
-int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote,
-             bool last_byte_last) noexcept {
-  if (same_process && nlocal == 1 && nremote == 1) {
-    // The common case (one buffer each side, memory we can touch) without
-    // the list walk.
-    const size_t len = local->len;
-    if (len != remote->len) return EINVAL;
-    if (len == 0) return 0;
-    auto* d = static_cast<char*>(remote->base);
-    const auto* sp = static_cast<const char*>(local->base);
-    if (!last_byte_last || len == 1) {
-      if (len <= 16)  // overlapping too: copy_upto16 loads before it stores
-        copy_upto16(d, sp, len);
-      else
-        std::memmove(d, sp, len);
-      return 0;
-    }
-    if (len <= 17 && !overlap(d, sp, len))
-      copy_upto16(d, sp, len - 1);
-    else
-      std::memmove(d, sp, len - 1);
-    std::atomic_ref<char>(d[len - 1]).store(sp[len - 1], std::memory_order_release);  // see below
-    return 0;
-  }
+// move_out for lists, or memory of another process: out of line, so that
+// move_out's common case (move_one) does not set up this one's frame (two
+// IoVec arrays, 2 KiB: a 4 KiB stack frame, lines the copy's call then
+// touches cold).
+[[gnu::noinline]] int move_out_lists(pid_t pid, bool same_process, const IoVec* local, size_t nlocal,
+                                     const IoVec* remote, size_t nremote, bool last_byte_last) noexcept {
   size_t len = total(local, nlocal);
   if (len != total(remote, nremote)) return EINVAL;
   if (len == 0) return 0;
@@ -119,6 +97,18 @@ int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, co
   if (int rc = cma(true, pid, l, nl, r, nr)) return rc;
   return cma(true, pid, &ltail, 1, &rtail, 1);
 #endif
+}
+
+}  // namespace
+
+int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote,
+             bool last_byte_last) noexcept {
+  if (same_process && nlocal == 1 && nremote == 1) {
+    if (local->len != remote->len) return EINVAL;
+    move_one(remote->base, local->base, local->len, last_byte_last);
+    return 0;
+  }
+  return move_out_lists(pid, same_process, local, nlocal, remote, nremote, last_byte_last);
 }
 
 int move_in(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote,

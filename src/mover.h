@@ -162,6 +162,29 @@ inline void copy_4_to_16(char* d, const char* s, size_t n) noexcept {
   *top = t >> (8 * (20 - len));         // bytes 16 .. len-1
 }
 
+// move_out's common case inline: one buffer each side, both reachable
+// here (memmove above 16 bytes, copy_upto16 below), the last byte stored
+// last with release when last_byte_last (see move_out). dst and src may
+// overlap, except that with last_byte_last the source's last byte is read
+// after the other bytes are stored (as move_out's lists do).
+[[gnu::always_inline]] inline void move_one(void* dst, const void* src, size_t len, bool last_byte_last) noexcept {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (len == 0) return;
+  if (!last_byte_last || len == 1) {
+    if (len <= 16)
+      copy_upto16(d, s, len);
+    else
+      __builtin_memmove(d, s, len);
+    return;
+  }
+  if (len <= 17)  // overlapping too: copy_upto16 loads before it stores
+    copy_upto16(d, s, len - 1);
+  else
+    __builtin_memmove(d, s, len - 1);
+  __atomic_store_n(d + len - 1, s[len - 1], __ATOMIC_RELEASE);
+}
+
 // move_out's smallest case inline (the fast path of small WRITEs and
 // SENDs): one buffer each side, both reachable here, 1 to 16 bytes, not
 // overlapping. The last byte is stored last, with release, as move_out's

@@ -432,12 +432,11 @@ template <bool kLarge>
   }
   uint8_t* dst = remote_write_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
   if constexpr (kLarge) {
-    // More than 16 bytes: move_out's memmove (both sides are reachable
-    // here, so it cannot fail), the last byte stored last, as execute_fast
-    // moves them.
+    // More than 16 bytes: move_out's memmove (move_one: both sides are
+    // reachable here), the last byte stored last, as execute_fast moves
+    // them.
     if (!dst) return Leaf::kNotHandled;
-    const IoVec l{const_cast<void*>(src), len}, r{dst, len};
-    (void)move_out(pp->pid, true, &l, 1, &r, 1, true);
+    move_one(dst, src, len, true);
   } else {
     if (!dst || !move_out_small(dst, src, len)) return Leaf::kNotHandled;  // overlapping: nothing moved
   }

@@ -224,9 +224,9 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
     // copy), else through stage_in_place, which resolves every buffer.
     sc.kind = layout::kStagedInPlace;
     bool moved = false;
-    if (one && r.local && !qp->local_odp && nlocal == 1) {
-      const IoVec d{r.local, len};
-      moved = move_out(peer.pid, true, local, 1, &d, 1, false) == 0;
+    if (one && r.local && !qp->local_odp && nlocal == 1 && local[0].len == len) {
+      move_one(r.local, local[0].base, len, false);  // move_out's one-buffer case
+      moved = true;
     }
     if (!moved && !stage_in_place(qp, peer, t, rq, h, len, local, nlocal)) {
       take_end(t, v);

@@ -8,7 +8,8 @@
 // the bytes asked for and read none past them, store_small / store_upto20
 // (those registers into a receive buffer) write exactly them, and
 // copy_upto16, copy_17_to_64 and copy_upto64 copy exactly their bytes,
-// also between overlapping ranges.
+// also between overlapping ranges, as does move_one (move_out's one-buffer
+// case, inline) at any length, with or without its last byte stored last.
 
 #include "mover.h"
 
@@ -18,7 +19,9 @@
 
 #include <array>
 #include <cstdint>
+#include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace shmrdma {
 namespace {
@@ -206,6 +209,40 @@ void check_copy_upto(uint32_t max, Copy copy) {
 TEST(CopyUpto, CopiesExactlyTheBytesAndMayOverlap) {
   check_copy_upto(16, [](unsigned char* d, const unsigned char* s, uint32_t n) { copy_upto16(d, s, n); });
   check_copy_upto(64, [](unsigned char* d, const unsigned char* s, uint32_t n) { copy_upto64(d, s, n); });
+}
+
+// move_one and move_out's one-buffer case leave exactly memmove's bytes:
+// lengths around each branch (copy_upto16, 17, memmove) and large ones,
+// with and without last_byte_last, disjoint and overlapping (with
+// last_byte_last only a destination below the source: above it, the
+// source's last byte may be overwritten before it is read, as move_out says).
+TEST(MoveOne, LeavesMemmovesBytes) {
+  const std::array<unsigned char, 256> pat = pattern();
+  std::vector<unsigned char> buf(3 * 70000), want;
+  const size_t lens[] = {0, 1, 2, 3, 7, 8, 15, 16, 17, 18, 31, 64, 65, 255, 4096, 65536, 65537};
+  for (size_t len : lens)
+    for (int last = 0; last < 2; ++last)
+      for (long shift : {-70000L, -9L, -1L, 1L, 9L, 70000L}) {
+        if (last && shift > 0 && shift < static_cast<long>(len)) continue;  // see above
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = pat[(i * 7) % pat.size()];
+        unsigned char* src = buf.data() + 70000;
+        unsigned char* dst = src + shift;
+        if (dst + len > buf.data() + buf.size()) continue;
+        want = buf;
+        std::memmove(want.data() + (dst - buf.data()), want.data() + 70000, len);
+        std::vector<unsigned char> before = buf;
+        move_one(dst, src, len, last != 0);
+        ASSERT_TRUE(buf == want) << "move_one len " << len << " last " << last << " shift " << shift;
+        buf = before;
+        const IoVec l{src, len}, r{dst, len};
+        ASSERT_EQ(move_out(getpid(), true, &l, 1, &r, 1, last != 0), 0);
+        ASSERT_TRUE(buf == want) << "move_out len " << len << " last " << last << " shift " << shift;
+      }
+  // Unequal lengths: EINVAL, nothing moved.
+  std::vector<unsigned char> before = buf;
+  const IoVec l{buf.data(), 10}, r{buf.data() + 100, 11};
+  EXPECT_EQ(move_out(getpid(), true, &l, 1, &r, 1, true), EINVAL);
+  EXPECT_TRUE(buf == before);
 }
 
 }  // namespace
