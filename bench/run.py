@@ -14,7 +14,9 @@ One run:
      server pinned to CPU A and client to CPU B; a cache-line ping-pong probe
      is taken before each round and after the last, so every round is labelled
      "near", "far" or "smt" (vCPU placement: two cores close together, far
-     apart, or two hardware threads of one core); the memcpy / CMA probes
+     apart, or two hardware threads of one core), and after every run, so
+     that each run is labelled by its own probes too (the placement can flip
+     within a round; the near figures are those of near runs); the memcpy / CMA probes
      run before the first round and (but with --quick) after the last;
   4. writes bench/results/latest.{md,csv,png}.
 
@@ -155,6 +157,10 @@ class Result:
     load1: float
     cmd: str
     group: str = ""
+    # the cache-line probes right before and after this run (ns): the placement
+    # can flip within a round, so each run is classed by its own
+    probe_before: float | None = None
+    probe_after: float | None = None
 
 
 FIGURE_UNITS = {
@@ -1029,45 +1035,56 @@ class Report:
         vals = [v for v in self.boundary_pingpong().values() if v > self.args.smt_max_ns]
         return min(vals) if vals else None
 
+    def classify(self, probes: list[float]) -> str:
+        """The placement the cache-line probes around a round or a run show."""
+        if probes and any(p <= self.args.smt_max_ns for p in probes):
+            # Two hardware threads of one core at either end: the round or run
+            # went (at least partly) with the L1/L2 shared, a placement of its
+            # own that says nothing about near or far.
+            return "smt"
+        best = self.best_probe()
+        if best is None or not probes:
+            return "unknown"
+        # Near: within near_factor of the run's best, and a hand-off that is
+        # near in absolute terms (a run whose every probe is far, ~200 ns, has
+        # no near round however alike they are).
+        return ("near" if max(probes) <= self.args.near_factor * best
+                and max(probes) <= self.args.near_max_ns else "far")
+
     def placement(self) -> dict[int, tuple[float | None, float | None, str]]:
         pp = self.boundary_pingpong()
-        best = self.best_probe()
         out = {}
         for r in range(1, self.args.rounds + 1):
             before, after = pp.get(r - 1), pp.get(r)
-            probes = [p for p in (before, after) if p is not None]
-            if probes and any(p <= self.args.smt_max_ns for p in probes):
-                # Two hardware threads of one core at either end: the round
-                # ran (at least partly) with the L1/L2 shared, a placement of
-                # its own that says nothing about near or far.
-                label = "smt"
-            elif best is None or not probes:
-                label = "unknown"
-            else:
-                # Near: within near_factor of the run's best, and a hand-off
-                # that is near in absolute terms (a run whose every probe is
-                # far, ~200 ns, has no near round however alike they are).
-                label = ("near" if max(probes) <= self.args.near_factor * best
-                         and max(probes) <= self.args.near_max_ns else "far")
-            out[r] = (before, after, label)
+            out[r] = (before, after, self.classify([p for p in (before, after) if p is not None]))
         return out
+
+    def run_probes(self, rnd: int, res: "Result") -> list[float]:
+        """The probes around one run: its own, else (a report of a harness that
+        probed only between rounds) its round's."""
+        own = [p for p in (res.probe_before, res.probe_after) if p is not None]
+        if own:
+            return own
+        pp = self.boundary_pingpong()
+        return [pp[b] for b in (rnd - 1, rnd) if b in pp]
+
+    def run_label(self, rnd: int, res: "Result") -> str:
+        return self.classify(self.run_probes(rnd, res))
 
     def probe_values(self, name: str) -> list[float]:
         return [vals[name] for _b, _k, vals, _e in self.probes if name in vals]
 
     # ---- floors ----
-    def floor_value(self, row: Row, rnd: int | None = None) -> tuple[float | None, str]:
-        """The row's floor: over the whole run, or (rnd) for one round, whose
-        cache-line hand-off is the mean of the probes before and after it.
-        The run's hand-off is the median of the rounds' boundary probes (the
-        last probe at each boundary), not of every probe: --wait-near probes
-        a far placement again and again until it turns near, and those far
-        probes stand for no round."""
+    def floor_value(self, row: Row, around: list[float] | None = None) -> tuple[float | None, str]:
+        """The row's floor: over the whole run, or for one run whose cache-line
+        hand-off is the mean of the probes around it (run_probes). The whole
+        run's hand-off is the median of the rounds' boundary probes (the last
+        probe at each boundary), not of every probe: --wait-near probes a far
+        placement again and again until it turns near, and those far probes
+        stand for no round."""
         cl = median(list(self.boundary_pingpong().values()))
-        if rnd is not None:
-            pp = self.boundary_pingpong()
-            around = [pp[b] for b in (rnd - 1, rnd) if b in pp]
-            cl = statistics.mean(around) if around else cl
+        if around:
+            cl = statistics.mean(around)
         if row.floor is None:
             return None, ""
         if row.floor == "handoff":
@@ -1083,12 +1100,14 @@ class Report:
         return None, ""
 
     # ---- per spec ----
-    def values(self, key: str, fig: str, rounds: set[int] | None = None) -> list[float]:
+    def values(self, key: str, fig: str, near: bool = False) -> list[float]:
+        """The figure of every run of key (near: of its runs with near placement)."""
         return [res.figures[fig] for r, res in self.results
-                if res.spec.key == key and res.ok and fig in res.figures and (rounds is None or r in rounds)]
+                if res.spec.key == key and res.ok and fig in res.figures
+                and (not near or self.run_label(r, res) == "near")]
 
-    def by_round(self, key: str, fig: str) -> dict[int, float]:
-        return {r: res.figures[fig] for r, res in self.results
+    def by_round(self, key: str, fig: str) -> dict[int, tuple[float, "Result"]]:
+        return {r: (res.figures[fig], res) for r, res in self.results
                 if res.spec.key == key and res.ok and fig in res.figures}
 
     def failures(self, key: str) -> list[tuple[int, str]]:
@@ -1098,37 +1117,42 @@ class Report:
         return sum(1 for _r, res in self.results if res.spec.key == key)
 
     def summary_rows(self) -> list[dict]:
-        place = self.placement()
-        near = {r for r, (_b, _a, lab) in place.items() if lab == "near"}
         rows = []
         for row in self.plan.rows:
             fig = primary_figure(row.kind)
             vals = self.values(row.shm, fig)
             med = median(vals)
-            near_med = median(self.values(row.shm, fig, near))
+            near_med = median(self.values(row.shm, fig, near=True))
             floor, floor_src = self.floor_value(row)
-            near_floor = median([self.floor_value(row, r)[0] for r in near]) if near and row.floor else None
+            shm_r = self.by_round(row.shm, fig)
+            # the rounds whose shmrdma run had near placement (its own probes)
+            near = {r for r, (_v, res) in shm_r.items() if self.run_label(r, res) == "near"}
+            near_floor = (median([self.floor_value(row, self.run_probes(r, shm_r[r][1]))[0] for r in near])
+                          if near and row.floor else None)
             best_peer, best_val = None, None
             for pk in row.peers:
                 pv = median(self.values(pk, fig))
                 if pv is not None and (best_val is None or better(row.kind, pv, best_val)):
                     best_peer, best_val = pk, pv
             # Ratios are paired per round (shmrdma and its floor / peer measured
-            # in the same round, so under the same placement and load), then
-            # the median over the rounds (and over the near rounds).
-            shm_r = self.by_round(row.shm, fig)
-            rf = {r: cost_ratio(row.kind, v, self.floor_value(row, r)[0]) for r, v in shm_r.items()}
+            # in the same round, so under much the same placement and load),
+            # then the median over the rounds; the near ratios pair only runs
+            # that both had near placement (the floor: the probes around the
+            # shmrdma run).
+            rf = {r: cost_ratio(row.kind, v, self.floor_value(row, self.run_probes(r, res))[0])
+                  for r, (v, res) in shm_r.items()}
             rf = {r: x for r, x in rf.items() if x is not None}
             peer_r = self.by_round(best_peer, fig) if best_peer else {}
-            rp = {r: cost_ratio(row.kind, v, peer_r[r]) for r, v in shm_r.items() if r in peer_r}
+            rp = {r: cost_ratio(row.kind, v, peer_r[r][0]) for r, (v, _res) in shm_r.items() if r in peer_r}
             rp = {r: x for r, x in rp.items() if x is not None}
+            both_near = {r for r in near if r in peer_r and self.run_label(r, peer_r[r][1]) == "near"}
             rows.append(dict(
                 row=row, fig=fig, vals=vals, median=med, near_median=near_med, n_near=len(near),
                 floor=floor, near_floor=near_floor, floor_src=floor_src, best_peer=best_peer, best_val=best_val,
-                near_peer=median(self.values(best_peer, fig, near)) if best_peer else None,
+                near_peer=median(self.values(best_peer, fig, near=True)) if best_peer else None,
                 r_floor=median(list(rf.values())), r_peer=median(list(rp.values())),
                 r_floor_near=median([x for r, x in rf.items() if r in near]),
-                r_peer_near=median([x for r, x in rp.items() if r in near]),
+                r_peer_near=median([x for r, x in rp.items() if r in both_near]),
                 failures=self.failures(row.shm), attempts=self.attempts(row.shm),
                 peer_failures={pk: self.failures(pk) for pk in row.peers if self.failures(pk)},
             ))
@@ -1155,13 +1179,12 @@ class Report:
                            f"ratio {fmt(s['r_floor'], 2)})"
                            + (": expected for an initiator-executed read/atomic on idle target memory"
                               if row.rid.startswith(("read_lat", "atomic_lat")) else ""))
-            # more than 2x between rounds of the same placement: noise that placement does not explain
-            place = self.placement()
+            # more than 2x between runs of the same placement: noise that placement does not explain
             shm_r = self.by_round(row.shm, s["fig"])
             for lab in ("near", "far", "smt", "unknown"):
-                vals = [v for r, v in shm_r.items() if place.get(r, (0, 0, "unknown"))[2] == lab]
+                vals = [v for r, (v, res) in shm_r.items() if self.run_label(r, res) == lab]
                 if len(vals) >= 2 and min(vals) > 0 and max(vals) / min(vals) > 2:
-                    out.append(f"{label}: {lab} rounds spread {fmt(min(vals))}–{fmt(max(vals))} (more than 2x): "
+                    out.append(f"{label}: {lab} runs spread {fmt(min(vals))}–{fmt(max(vals))} (more than 2x): "
                                f"noisy")
             if row.kind == "lat":
                 avgs = self.values(row.shm, "lat_avg_us")
@@ -1197,7 +1220,11 @@ class Report:
                                 m.group(1) if m else "", name, f"{v:.6g}", unit, "ok" if not err else "partial",
                                 err, "", "", ""])
             for r, res in self.results:
-                before, after, label = place.get(r, (None, None, ""))
+                # the run's own probes and placement (a report of a harness
+                # that probed only between rounds: its round's)
+                own = res.probe_before is not None or res.probe_after is not None
+                before, after = ((res.probe_before, res.probe_after) if own else place.get(r, (None, None, ""))[:2])
+                label = self.run_label(r, res)
                 s = res.spec
                 common = [r, label, f"{before:.1f}" if before else "", f"{after:.1f}" if after else "",
                           res.group, s.key, s.impl, s.variant, s.test, s.size]
@@ -1241,7 +1268,9 @@ class Report:
                                                             int(r["size_B"] or 0), [], [])
                     runs[(rnd, key)] = Result(spec, r["status"] != "failed", {}, r["reason"],
                                               float(r["duration_s"] or 0), float(r["loadavg1"] or 0), r["command"],
-                                              r["group"])
+                                              r["group"],
+                                              float(r["probe_before_ns"]) if r["probe_before_ns"] else None,
+                                              float(r["probe_after_ns"]) if r["probe_after_ns"] else None)
                 if r["status"] == "ok" and r["figure"]:
                     runs[(rnd, key)].figures[r["figure"]] = float(r["value"])
         self.probes = [(b, kind, vals, err) for (b, kind), (vals, err) in probes.items()]
@@ -1280,22 +1309,24 @@ class Report:
         L.append("")
         L.append("## Results")
         L.append("")
-        labels = {lab for _b, _a, lab in place.values()}
+        labels = {self.run_label(r, res) for r, res in self.results}
         if "near" in labels and labels - {"near"}:
             L.append("Placement changed during the run: each cell gives the figure over all rounds and, after `·`, "
-                     "over the *near* rounds only (see placement below).")
+                     "over the runs with *near* placement only (each run is classed by the probes right before "
+                     "and after it, since the placement can flip within a round: see placement below).")
         elif "near" not in labels:
-            L.append("No round of this run had near placement (see placement below): every figure is a "
+            L.append("No run of this run had near placement (see placement below): every figure is a "
                      "far-placement figure.")
-        L.append("Ratios are the median of per-round ratios: shmrdma against the floor probed around the same "
-                 "round, and against the best peer's run in the same round.")
+        L.append("Ratios are the median of per-round ratios: shmrdma against the floor probed around its run, "
+                 "and against the best peer's run in the same round (the near ratios: only pairs of runs that "
+                 "were both near).")
         L.append("")
         L.append("| metric | shmrdma median | floor | best peer | ratio to floor | ratio to best peer | "
                  "spread (min–max; IQR) | ok/runs |")
         L.append("|---|---:|---|---|---:|---:|---|---:|")
         unit = {"lat": "µs", "bw": "GB/s", "rate": "Mmsg/s"}
 
-        mixed = any(lab != "near" for _b, _a, lab in place.values())
+        mixed = any(lab != "near" for lab in labels)
 
         def two(a, b, digits=3):
             if a is None:
@@ -1347,7 +1378,9 @@ class Report:
                  f"{self.args.near_factor}x of the best and at most {fmt(self.args.near_max_ns)} ns "
                  f"(`--near-max-ns`), *smt* when either is at most {fmt(self.args.smt_max_ns)} ns "
                  f"(`--smt-max-ns`: the two vCPUs were hardware threads of one core, sharing its caches; left "
-                 f"out of the best), else *far*.")
+                 f"out of the best), else *far*. The placement can flip within a round, so every run is probed "
+                 f"right after it too (the probe before it is the one after the run before) and classed by the "
+                 f"same rule on its own two probes: the near figures are those of near runs.")
         L.append("")
         no_near = bool(place) and not any(lab == "near" for _b, _a, lab in place.values())
         if no_near:
@@ -1370,11 +1403,14 @@ class Report:
             else:
                 L.append(f"Best probe this machine has shown: {fmt(hb)} ns ({hist.get('date', '?')}).")
             L.append("")
-        L.append("| round | probe before (ns) | probe after (ns) | placement | load avg (1 min) at start |")
-        L.append("|---:|---:|---:|---|---:|")
+        L.append("| round | probe before (ns) | probe after (ns) | placement | near runs | "
+                 "load avg (1 min) at start |")
+        L.append("|---:|---:|---:|---|---:|---:|")
         for r, (b, a, lab) in place.items():
             loads = [res.load1 for rr, res in self.results if rr == r]
-            L.append(f"| {r} | {fmt(b)} | {fmt(a)} | {lab} | {fmt(loads[0]) if loads else '—'} |")
+            nr = [self.run_label(rr, res) == "near" for rr, res in self.results if rr == r]
+            L.append(f"| {r} | {fmt(b)} | {fmt(a)} | {lab} | {sum(nr)}/{len(nr)} | "
+                     f"{fmt(loads[0]) if loads else '—'} |")
         L.append("")
         # floors
         L.append("## Floors (probes in bench/probes)")
@@ -1475,7 +1511,8 @@ def parse_args(argv):
     ap.add_argument("--wait-near", type=float, default=0, metavar="SECONDS",
                     help="before each round, probe the cache-line hand-off again every 2 s, up to SECONDS, until "
                          "it is near (at most --near-max-ns): the vCPUs' placement flips on its own, and the "
-                         "targets are judged on near rounds (a round is still classed by its probes)")
+                         "targets are judged on near runs (a round is still classed by its probes); within a "
+                         "round, a run whose probe before it is far waits too, up to SECONDS per round in all")
     ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every pair's timeout")
     ap.add_argument("--host", default="localhost", help="server host name the clients use (localhost)")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"), help="output directory (bench/results)")
@@ -1587,7 +1624,8 @@ def main(argv=None) -> int:
     report.meta["mode"] = (f"{'quick' if args.quick else 'default'}: {args.rounds} round(s), server on CPU "
                            f"{args.cpus.split(',')[0]}, client on CPU {args.cpus.split(',')[1]}, "
                            + ("SCHED_FIFO (chrt -f 1)" if args.rt else f"nice {args.nice}")
-                           + (f", each round waited up to {fmt(args.wait_near)} s for a near probe (--wait-near)"
+                           + (f", each round waited up to {fmt(args.wait_near)} s for a near probe, and its runs "
+                              f"up to {fmt(args.wait_near)} s in all (--wait-near)"
                               if args.wait_near > 0 else ""))
     if args.wait_idle > 0:
         limit = (os.cpu_count() or 2) / 2
@@ -1638,6 +1676,11 @@ def main(argv=None) -> int:
         log(msg)
         return vals.get("cacheline_halfrtt_ns_median")
 
+    def probe_run() -> float | None:
+        """The cache-line probe after a run (15 ms): the next run's "before"."""
+        vals, _err = run_probe(args, [probes["pingpong"], *args.cpus.split(",")], timeout=30)
+        return vals.get("cacheline_halfrtt_ns_median")
+
     def wait_near(b: int, last: float | None) -> float | None:
         """--wait-near: probe boundary b again every 2 s until the hand-off is near (at most
         --near-max-ns) or the wait is over; the last probe is the round's "before" probe."""
@@ -1652,11 +1695,22 @@ def main(argv=None) -> int:
         for rnd in range(1, args.rounds + 1):
             if args.wait_near > 0:
                 last = wait_near(rnd - 1, last)
+            # --wait-near within the round too: a run whose "before" probe is
+            # far waits (probing every second) while the round's budget of
+            # --wait-near seconds lasts
+            budget_end = time.monotonic() + args.wait_near
             for gname, keys in plan.groups:
                 for key in keys:
                     spec = plan.specs[key]
+                    while (args.wait_near > 0 and (last is None or last > args.near_max_ns)
+                           and time.monotonic() < budget_end):
+                        time.sleep(1)
+                        last = probe_run()
+                    before = last
                     res = runner.run(spec)
+                    last = probe_run()
                     res.group = gname
+                    res.probe_before, res.probe_after = before, last
                     report.results.append((rnd, res))
                     done += 1
                     figname = ("lat_us" if "lat" in spec.test or spec.impl == "fi" or (spec.impl == "mpi" and
@@ -1665,7 +1719,7 @@ def main(argv=None) -> int:
                     fig = res.figures.get(figname)
                     status = f"{fmt(fig)} {FIGURE_UNITS[figname]}" if res.ok else f"FAILED: {res.reason[:160]}"
                     log(f"[{done}/{total}] r{rnd} {spec.label} {human_size(spec.size)}: {status} "
-                        f"({res.duration:.1f}s)")
+                        f"({res.duration:.1f}s; hand-off {fmt(before)} / {fmt(last)} ns)")
                     if not res.ok and spec.on_shmrdma:
                         # reclaim what the killed processes left behind
                         device("up")
