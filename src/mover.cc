@@ -51,9 +51,9 @@ int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* r
 }
 
 // move_out for lists, or memory of another process: out of line, so that
-// move_out's common case (move_one) does not set up this one's frame (two
-// IoVec arrays, 2 KiB: a 4 KiB stack frame, lines the copy's call then
-// touches cold).
+// move_out's common case (move_one) does not set up this one's frame (its
+// IoVec arrays and cma's iovec arrays, inlined: 4 KiB of stack, whose lines
+// the copy's call then touched cold).
 [[gnu::noinline]] int move_out_lists(pid_t pid, bool same_process, const IoVec* local, size_t nlocal,
                                      const IoVec* remote, size_t nremote, bool last_byte_last) noexcept {
   size_t len = total(local, nlocal);
