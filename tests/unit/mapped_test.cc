@@ -3,7 +3,8 @@
 // Unit tests for src/mapped.h, the mapped data-mover tier: a registered range
 // moves into a memfd in place and back when its last MR goes, several MRs
 // share a region, a stale region is never matched, fork() gives the child a
-// private copy, and a peer's view checks the memfd's identity.
+// private copy, a peer's view checks the memfd's identity, and the moved range
+// and a peer's view have their page tables filled (no fault per page later).
 
 #include "mapped.h"
 
@@ -44,6 +45,25 @@ std::string maps_line(uint64_t addr) {
 }
 
 bool is_memfd(uint64_t addr) { return maps_line(addr).find("/memfd:shmrdma-mr") != std::string::npos; }
+
+// How many of the n pages from addr have a page table entry (present, or
+// swapped: /proc/self/pagemap bits 63 and 62); -1 when pagemap is unreadable.
+int mapped_pages(const void* addr, uint64_t n) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int got = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t e = 0;
+    const off_t off = static_cast<off_t>((reinterpret_cast<uint64_t>(addr) / kPage + i) * 8);
+    if (::pread(fd, &e, sizeof e, off) != static_cast<ssize_t>(sizeof e)) {
+      ::close(fd);
+      return -1;
+    }
+    if (e >> 62) ++got;
+  }
+  ::close(fd);
+  return got;
+}
 
 int open_fds() {
   int n = 0;
@@ -209,6 +229,42 @@ TEST_F(Mapped, APeerViewChecksTheMemfdIdentity) {
   ASSERT_TRUE(v);
   EXPECT_EQ(std::memcmp(v->base, base_, kPage), 0);
   release_region(r);
+}
+
+// A peer's view of a region (up to 64 MiB) comes with its page table filled,
+// and so does the range itself after a move with other threads running (the
+// frozen move maps the memfd over it afresh): the first stores into either
+// take no fault per page.
+TEST_F(Mapped, AMovedRangeAndAPeersViewHaveTheirPagesMapped) {
+  constexpr uint64_t kPages = 16;
+  void* p = ::mmap(nullptr, kPages * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::memset(p, 5, kPages * kPage);
+  std::atomic<bool> stop{false};
+  std::thread t([&] {  // another thread: the frozen move
+    while (!stop.load()) std::this_thread::yield();
+  });
+  SharedRegion r;
+  uint16_t why = 0;
+  const bool shared = share_region(reinterpret_cast<uint64_t>(p), kPages * kPage, &r, &why);
+  stop = true;
+  t.join();
+  if (!shared) {
+    ::munmap(p, kPages * kPage);
+    GTEST_SKIP() << "no userfaultfd here for a multi-threaded move (TierWhy " << why << ")";
+  }
+  ASSERT_TRUE(is_memfd(reinterpret_cast<uint64_t>(p)));
+  const int own = mapped_pages(p, kPages);
+  if (own < 0) GTEST_SKIP() << "/proc/self/pagemap is not readable here";
+  EXPECT_EQ(own, static_cast<int>(kPages)) << "the moved range";
+  PeerMappings views;
+  auto v = views.get(::getpid(), r.memfd, r.id, r.start, r.len);
+  ASSERT_TRUE(v);
+  EXPECT_EQ(mapped_pages(v->base, kPages), static_cast<int>(kPages)) << "the peer's view";
+  for (uint64_t i = 0; i < kPages * kPage; ++i) ASSERT_EQ(v->base[i], 5) << "byte " << i;
+  v.reset();
+  release_region(r);
+  ::munmap(p, kPages * kPage);
 }
 
 TEST_F(Mapped, RegisteringAndDeregisteringFreshBuffersHoldsNoFdsAndNoMemory) {
