@@ -428,13 +428,7 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
       rsge[0].length >= total && !qp->local_odp &&
       remote_hit(qp, rpeer, rsge[0].lkey, false, rpd, IBV_ACCESS_LOCAL_WRITE, rsge[0].addr, total, &fast) &&
       fast.local) {
-    if (!move_out_small(fast.local, local[0].base, total)) {
-      const IoVec remote{fast.local, total};
-      if (int rc = move_out(rpeer.pid, true, local, 1, &remote, 1, false)) {
-        if (rc == ESRCH) return gone(IBV_WC_RETRY_EXC_ERR);  // the target is gone with its WQE
-        return responder_error(IBV_WC_LOC_PROT_ERR, IBV_WC_REM_OP_ERR);
-      }
-    }
+    move_one(fast.local, local[0].base, total, false);  // move_out's one-buffer case: it cannot fail
   } else if (opcode != IBV_WR_RDMA_WRITE_WITH_IMM) {
     // Scatter into the receive buffers, checked against the target's MRs.
     IoVec direct_iov[limits::kMaxSge], host_iov[limits::kMaxSge];
