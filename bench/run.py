@@ -1059,14 +1059,16 @@ class Report:
             out[r] = (before, after, self.classify([p for p in (before, after) if p is not None]))
         return out
 
-    def run_probes(self, rnd: int, res: "Result") -> list[float]:
-        """The probes around one run: its own, else (a report of a harness that
-        probed only between rounds) its round's."""
-        own = [p for p in (res.probe_before, res.probe_after) if p is not None]
-        if own:
-            return own
+    def run_probe_pair(self, rnd: int, res: "Result") -> tuple[float | None, float | None]:
+        """The probes before and after one run: its own, else (a report of a
+        harness that probed only between rounds) its round's."""
+        if res.probe_before is not None or res.probe_after is not None:
+            return res.probe_before, res.probe_after
         pp = self.boundary_pingpong()
-        return [pp[b] for b in (rnd - 1, rnd) if b in pp]
+        return pp.get(rnd - 1), pp.get(rnd)
+
+    def run_probes(self, rnd: int, res: "Result") -> list[float]:
+        return [p for p in self.run_probe_pair(rnd, res) if p is not None]
 
     def run_label(self, rnd: int, res: "Result") -> str:
         return self.classify(self.run_probes(rnd, res))
@@ -1196,7 +1198,6 @@ class Report:
 
     # ---- writers ----
     def write_csv(self, path: str) -> None:
-        place = self.placement()
         with open(path + ".tmp", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["round", "placement", "probe_before_ns", "probe_after_ns", "group", "key", "impl", "variant",
@@ -1220,10 +1221,7 @@ class Report:
                                 m.group(1) if m else "", name, f"{v:.6g}", unit, "ok" if not err else "partial",
                                 err, "", "", ""])
             for r, res in self.results:
-                # the run's own probes and placement (a report of a harness
-                # that probed only between rounds: its round's)
-                own = res.probe_before is not None or res.probe_after is not None
-                before, after = ((res.probe_before, res.probe_after) if own else place.get(r, (None, None, ""))[:2])
+                before, after = self.run_probe_pair(r, res)
                 label = self.run_label(r, res)
                 s = res.spec
                 common = [r, label, f"{before:.1f}" if before else "", f"{after:.1f}" if after else "",
@@ -1315,7 +1313,7 @@ class Report:
                      "over the runs with *near* placement only (each run is classed by the probes right before "
                      "and after it, since the placement can flip within a round: see placement below).")
         elif "near" not in labels:
-            L.append("No run of this run had near placement (see placement below): every figure is a "
+            L.append("No run had near placement (see placement below): every figure is a "
                      "far-placement figure.")
         L.append("Ratios are the median of per-round ratios: shmrdma against the floor probed around its run, "
                  "and against the best peer's run in the same round (the near ratios: only pairs of runs that "
