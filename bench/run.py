@@ -17,7 +17,8 @@ One run:
      apart, or two hardware threads of one core), and after every run, so
      that each run is labelled by its own probes too (the placement can flip
      within a round; the near figures are those of near runs); the memcpy / CMA probes
-     run before the first round and (but with --quick) after the last;
+     run before the first round and (but with --quick) after the last, the
+     spin floor (ib_write_lat's own loop with a plain store) at every boundary;
   4. writes bench/results/latest.{md,csv,png}.
 
 Every process pair runs under `timeout` and a Python-side deadline; a pair
@@ -1076,6 +1077,13 @@ class Report:
     def probe_values(self, name: str) -> list[float]:
         return [vals[name] for _b, _k, vals, _e in self.probes if name in vals]
 
+    def near_probe_values(self, name: str) -> list[float]:
+        """name's values from probes whose own hand-off was near (pingpong's,
+        spin_floor's); the other probes tell no placement."""
+        own = {"pingpong": "cacheline_halfrtt_ns_median", "spin_floor": "spin2_handoff_ns_median"}
+        return [vals[name] for _b, k, vals, _e in self.probes
+                if name in vals and k in own and own[k] in vals and self.classify([vals[own[k]]]) == "near"]
+
     # ---- floors ----
     def floor_value(self, row: Row, around: list[float] | None = None) -> tuple[float | None, str]:
         """The row's floor: over the whole run, or for one run whose cache-line
@@ -1413,8 +1421,8 @@ class Report:
         # floors
         L.append("## Floors (probes in bench/probes)")
         L.append("")
-        L.append("| probe | median | min | max | samples |")
-        L.append("|---|---:|---:|---:|---:|")
+        L.append("| probe | median | min | max | samples | median of the near probes |")
+        L.append("|---|---:|---:|---:|---:|---:|")
         names = []
         for _b, _k, vals, _e in self.probes:
             for name in vals:
@@ -1422,7 +1430,15 @@ class Report:
                     names.append(name)
         for name in names:
             v = self.probe_values(name)
-            L.append(f"| {name} | {fmt(median(v))} | {fmt(min(v))} | {fmt(max(v))} | {len(v)} |")
+            nv = self.near_probe_values(name)
+            L.append(f"| {name} | {fmt(median(v))} | {fmt(min(v))} | {fmt(max(v))} | {len(v)} | "
+                     f"{fmt(median(nv)) if nv else '—'} |")
+        L.append("")
+        L.append("The last column: the probes that tell their own placement (`pingpong`'s hand-off, and "
+                 "`spin_floor`'s, which it measures beside its two loops), near ones only. `spin2_halfrtt`: "
+                 "ib_write_lat's own loop (spin on a byte the peer stores, no pause) with a plain store in "
+                 "place of the post, what ib_write_lat costs with a provider that takes no time; "
+                 "`spin2_pause_halfrtt`: the same loop with a pause in the spin (bench/README.md).")
         L.append("")
         # every peer
         L.append("## Peers, every run")
@@ -1674,6 +1690,18 @@ def main(argv=None) -> int:
         log(msg)
         return vals.get("cacheline_halfrtt_ns_median")
 
+    def probe_spin(b: int) -> None:
+        """The spin floor (probes/spin_floor.c: ib_write_lat's own loop with a
+        plain store for the post) at boundary b, with the hand-off it measured
+        itself, which tells its placement."""
+        if "spin_floor" not in probes:
+            return
+        vals, err = run_probe(args, [probes["spin_floor"], *args.cpus.split(",")], timeout=30)
+        report.probes.append((b, "spin_floor", vals, err))
+        log(f"probe {b}: ib_write_lat's loop with a plain store {fmt(vals.get('spin2_halfrtt_ns_median'))} ns "
+            f"(with a pause {fmt(vals.get('spin2_pause_halfrtt_ns_median'))} ns; its hand-off "
+            f"{fmt(vals.get('spin2_handoff_ns_median'))} ns)")
+
     def probe_run() -> float | None:
         """The cache-line probe after a run (15 ms): the next run's "before"."""
         vals, _err = run_probe(args, [probes["pingpong"], *args.cpus.split(",")], timeout=30)
@@ -1690,6 +1718,7 @@ def main(argv=None) -> int:
 
     try:
         last = probe_boundary(0, True)
+        probe_spin(0)
         for rnd in range(1, args.rounds + 1):
             if args.wait_near > 0:
                 last = wait_near(rnd - 1, last)
@@ -1722,6 +1751,7 @@ def main(argv=None) -> int:
                         # reclaim what the killed processes left behind
                         device("up")
             last = probe_boundary(rnd, rnd == args.rounds and not args.quick)
+            probe_spin(rnd)
             # partial results after every round: an interrupted run still leaves a report
             report.write_csv(os.path.join(args.out, "latest.csv"))
             report.write_md(os.path.join(args.out, "latest.md"))
