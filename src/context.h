@@ -758,8 +758,9 @@ class LocalContext {
   // and reports what failed).
   Deliver deliver_staged(Qp* qp, Peer& peer, layout::QpEntry* t, uint32_t opcode, uint64_t len, const IoVec* local,
                          uint32_t nlocal, const layout::Cqe& cqe, bool rnr_wait) noexcept;
+  template <typename Move>
   Deliver push_staged(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq, layout::CqEntry* ce,
-                      const layout::StagedCqe& sc, uint32_t v) noexcept;
+                      const layout::StagedCqe& sc, uint32_t v, Move&& move) noexcept;
   bool stage_in_place(Qp* qp, Peer& peer, layout::QpEntry* t, const Ring& rq, const RingHandle& h, uint64_t len,
                       const IoVec* local, uint32_t nlocal) noexcept;
   // Whether messages of this opcode to t are staged.

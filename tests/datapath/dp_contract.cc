@@ -641,6 +641,14 @@ void timestamps(Owner& o) {
       if (o.ctl.poll_line(&r, 30000) != 1 || std::stoi(r) != IBV_WC_SUCCESS) CHECK(false, "peer's receive %d", i);
     }
     CHECK(rc == 0 && st == IBV_WC_SUCCESS && wr_id == uint64_t(500 + i), "completion %d: rc %d status %d", i, rc, st);
+    if (recv && rc == 0 && st == IBV_WC_SUCCESS) {
+      // The peer's bytes (byte i + j): the common CQ push declines a CQ
+      // with timestamps, so the sender moves them on its general push.
+      size_t bad = 256;
+      for (size_t j = 0; j < 256 && bad == 256; ++j)
+        if (buf[j] != static_cast<uint8_t>(i + j)) bad = j;
+      CHECK(bad == 256, "receive %d: byte %zu is %u", i, bad, bad < 256 ? unsigned{buf[bad]} : 0u);
+    }
     CHECK(ts >= t0 && ts <= t1, "%s completion %d stamped %" PRIu64 ", not in [%" PRIu64 ", %" PRIu64 "]",
           recv ? "receive" : "send", i, ts, t0, t1);
     constexpr uint64_t kSlack = 1000000;  // the two clocks are read one after the other
