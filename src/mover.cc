@@ -1,7 +1,9 @@
 #include "mover.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace shmrdma {
@@ -21,7 +23,7 @@ void copy_lists(const IoVec* dst, size_t nd, const IoVec* src, size_t ns) {
   size_t di = 0, doff = 0, si = 0, soff = 0;
   while (di < nd && si < ns) {
     size_t n = std::min(dst[di].len - doff, src[si].len - soff);
-    if (n) std::memmove(static_cast<char*>(dst[di].base) + doff, static_cast<const char*>(src[si].base) + soff, n);
+    if (n) move_bytes(static_cast<char*>(dst[di].base) + doff, static_cast<const char*>(src[si].base) + soff, n);
     doff += n;
     soff += n;
     if (doff == dst[di].len) ++di, doff = 0;
@@ -107,6 +109,15 @@ int cma(bool write, pid_t pid, const IoVec* local, size_t nlocal, const IoVec* r
 }
 
 }  // namespace
+
+void move_pieces(char* d, const char* s, size_t len) noexcept {
+  const auto dn = reinterpret_cast<uintptr_t>(d), sn = reinterpret_cast<uintptr_t>(s);
+  if (dn < sn + len && sn < dn + len) {  // overlapping: one memmove keeps its direction right
+    std::memmove(d, s, len);
+    return;
+  }
+  for (size_t off = 0; off < len; off += kMovePiece) std::memcpy(d + off, s + off, std::min(kMovePiece, len - off));
+}
 
 int move_out(pid_t pid, bool same_process, const IoVec* local, size_t nlocal, const IoVec* remote, size_t nremote,
              bool last_byte_last) noexcept {

@@ -245,5 +245,32 @@ TEST(MoveOne, LeavesMemmovesBytes) {
   EXPECT_TRUE(buf == before);
 }
 
+// Above kMovePiece a move goes in pieces when the ranges do not overlap,
+// whole when they do (either direction), and move_in's lists too.
+TEST(MoveBytes, MovesLargeRangesInPiecesOrWhole) {
+  const std::array<unsigned char, 256> pat = pattern();
+  const size_t big = 3 * kMovePiece + 5;
+  std::vector<unsigned char> buf(3 * big), want;
+  const size_t lens[] = {kMovePiece - 1, kMovePiece, kMovePiece + 1, 2 * kMovePiece, big};
+  for (size_t len : lens)
+    for (long shift : {-static_cast<long>(big), -4097L, -1L, 1L, 4097L, static_cast<long>(big)}) {
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = pat[(i * 7 + i / 251) % pat.size()];
+      unsigned char* src = buf.data() + big;
+      unsigned char* dst = src + shift;
+      want = buf;
+      std::memmove(want.data() + (dst - buf.data()), want.data() + big, len);
+      std::vector<unsigned char> before = buf;
+      move_bytes(dst, src, len);
+      ASSERT_TRUE(buf == want) << "move_bytes len " << len << " shift " << shift;
+      buf = before;
+      move_one(dst, src, len, shift < 0 || shift >= static_cast<long>(len));
+      ASSERT_TRUE(buf == want) << "move_one len " << len << " shift " << shift;
+      buf = before;
+      const IoVec l{dst, len}, r{src, len};
+      ASSERT_EQ(move_in(getpid(), true, &l, 1, &r, 1), 0);
+      ASSERT_TRUE(buf == want) << "move_in len " << len << " shift " << shift;
+    }
+}
+
 }  // namespace
 }  // namespace shmrdma
