@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 PROBES_SRC = os.path.join(BENCH, "probes")
+PROBES_UTIL = os.path.join(PROBES_SRC, "probe_util.h")
 PROBES_BIN = os.path.join(BENCH, ".build")
 
 KiB = 1024
@@ -755,7 +756,8 @@ def build_probes(cc: str) -> dict[str, str]:
         if name.startswith("mpi_") and not shutil.which("mpicc"):
             log(f"no mpicc (Debian: libopenmpi-dev): probe {name} and the Open MPI rows are left out")
             continue
-        if not os.path.exists(binp) or os.path.getmtime(binp) < os.path.getmtime(path):
+        newest = max(os.path.getmtime(path), os.path.getmtime(PROBES_UTIL))  # probe_util.h: what they share
+        if not os.path.exists(binp) or os.path.getmtime(binp) < newest:
             compiler = cc if src.endswith(".c") else os.environ.get("CXX", "c++")
             if name.startswith("mpi_"):
                 compiler = "mpicc"

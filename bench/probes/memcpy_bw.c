@@ -25,18 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "probe_util.h"
 
 /* through a volatile pointer, so the compiler cannot drop or shorten copies */
 static void *(*volatile copy)(void *, const void *, size_t) = memcpy;
@@ -65,15 +54,15 @@ static double bench(size_t size)
             copy(dst, src, size);
     for (int b = 0; b < samples; b++) {
         size_t off = (size_t)b * chunk % size;
-        double t1 = now_s();
+        double t1 = probe_now_s();
         for (long i = 0; i < per; i++)
             copy(dst + off, src + off, chunk);
-        double dt = now_s() - t1;
+        double dt = probe_now_s() - t1;
         gbps[b] = (double)chunk * per / dt / 1e9;
     }
     munmap(src, size);
     munmap(dst, size);
-    qsort(gbps, (size_t)samples, sizeof gbps[0], cmp);
+    qsort(gbps, (size_t)samples, sizeof gbps[0], probe_cmp_double);
     double m = gbps[samples / 2];
     free(gbps);
     return m;

@@ -17,12 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { kBatches = 10, kWindow = 64 };
+#include "probe_util.h"
 
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+enum { kBatches = 10, kWindow = 64 };
 
 static void pin(int rank) {
   cpu_set_t set, one;
@@ -101,8 +98,8 @@ int main(int argc, char** argv) {
     bw[b] = (double)size * kWindow * windows / dt / 1e9;
   }
   if (rank == 0) {
-    qsort(lat, kBatches, sizeof lat[0], cmp);
-    qsort(bw, kBatches, sizeof bw[0], cmp);
+    qsort(lat, kBatches, sizeof lat[0], probe_cmp_double);
+    qsort(bw, kBatches, sizeof bw[0], probe_cmp_double);
     printf("mpi_pingpong bytes=%zu iters=%ld lat_us=%.4f bw_GBps=%.4f\n", size, per * kBatches, lat[kBatches / 2],
            bw[kBatches / 2]);
   }

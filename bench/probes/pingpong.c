@@ -29,31 +29,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 struct shared {
     _Alignas(64) _Atomic uint64_t line; /* the ping-pong line */
     _Alignas(64) _Atomic uint64_t stop;
 };
-
-static int pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return sched_setaffinity(0, sizeof set, &set);
-}
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static inline void cpu_relax(void)
 {
@@ -89,7 +70,7 @@ int main(int argc, char **argv)
     }
     if (child == 0) {
         alarm(30);
-        if (pin(cpu_b) != 0) {
+        if (probe_pin(cpu_b) != 0) {
             perror("sched_setaffinity (child)");
             _exit(1);
         }
@@ -105,7 +86,7 @@ int main(int argc, char **argv)
             expect += 2;
         }
     }
-    if (pin(cpu_a) != 0) {
+    if (probe_pin(cpu_a) != 0) {
         perror("sched_setaffinity (parent)");
         kill(child, SIGKILL);
         return 1;
@@ -115,14 +96,14 @@ int main(int argc, char **argv)
     uint64_t v = 0;
     /* warm-up batches, not counted */
     for (int b = -10; b < batches; b++) {
-        double t0 = now_ns();
+        double t0 = probe_now_ns();
         for (long i = 0; i < rts; i++) {
             atomic_store_explicit(&sh->line, v + 1, memory_order_release);
             while (atomic_load_explicit(&sh->line, memory_order_acquire) != v + 2)
                 cpu_relax();
             v += 2;
         }
-        double t1 = now_ns();
+        double t1 = probe_now_ns();
         if (b >= 0)
             half[b] = (t1 - t0) / (2.0 * rts);
     }
@@ -130,7 +111,7 @@ int main(int argc, char **argv)
     int status = 0;
     waitpid(child, &status, 0);
 
-    qsort(half, (size_t)batches, sizeof *half, cmp);
+    qsort(half, (size_t)batches, sizeof *half, probe_cmp_double);
     printf("cacheline_halfrtt_ns_median %.2f\n", half[batches / 2]);
     printf("cacheline_halfrtt_ns_min %.2f\n", half[0]);
     return 0;

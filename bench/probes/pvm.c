@@ -31,28 +31,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #define MAXSZ (64UL << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static int pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return sched_setaffinity(0, sizeof set, &set);
-}
 
 static pid_t child;
 static char *remote; /* same address in the child (allocated before fork) */
@@ -81,12 +62,12 @@ static double lat_ns(int write, size_t size)
     for (int i = 0; i < 1000; i++)
         xfer(write, size);
     for (int b = 0; b < BATCHES; b++) {
-        double t0 = now_s();
+        double t0 = probe_now_s();
         for (int i = 0; i < CALLS; i++)
             xfer(write, size);
-        ns[b] = (now_s() - t0) / CALLS * 1e9;
+        ns[b] = (probe_now_s() - t0) / CALLS * 1e9;
     }
-    qsort(ns, BATCHES, sizeof ns[0], cmp);
+    qsort(ns, BATCHES, sizeof ns[0], probe_cmp_double);
     return ns[BATCHES / 2];
 }
 
@@ -102,12 +83,12 @@ static double bw_gbps(size_t size)
     xfer(1, size);
     for (int b = 0; b < samples; b++) {
         size_t off = (size_t)b * chunk % size;
-        double t0 = now_s();
+        double t0 = probe_now_s();
         for (long i = 0; i < per; i++)
             xfer_at(1, off, chunk);
-        g[b] = (double)chunk * per / (now_s() - t0) / 1e9;
+        g[b] = (double)chunk * per / (probe_now_s() - t0) / 1e9;
     }
-    qsort(g, (size_t)samples, sizeof g[0], cmp);
+    qsort(g, (size_t)samples, sizeof g[0], probe_cmp_double);
     return g[samples / 2];
 }
 
@@ -135,7 +116,7 @@ int main(int argc, char **argv)
     }
     if (child == 0) {
         alarm(60);
-        if (pin(cpu_b) != 0) {
+        if (probe_pin(cpu_b) != 0) {
             perror("sched_setaffinity (child)");
             _exit(1);
         }
@@ -147,7 +128,7 @@ int main(int argc, char **argv)
         (void)r;
         _exit(0);
     }
-    if (pin(cpu_a) != 0) {
+    if (probe_pin(cpu_a) != 0) {
         perror("sched_setaffinity (parent)");
         kill(child, SIGKILL);
         return 1;

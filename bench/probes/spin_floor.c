@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #define PAGE 4096
 
 struct side {
@@ -48,27 +50,6 @@ struct side {
     volatile char *peer;  /* the last byte of the peer's buffer */
     volatile int *state;  /* perftest's user_param->state, read on every turn */
 };
-
-static int pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return sched_setaffinity(0, sizeof set, &set);
-}
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static inline void relax(int pause)
 {
@@ -116,7 +97,7 @@ static int measure(char *mem, int cpu_a, int cpu_b, long rts, int batches, int p
     }
     if (child == 0) {
         alarm(30);
-        if (pin(cpu_b) != 0) {
+        if (probe_pin(cpu_b) != 0) {
             perror("sched_setaffinity (child)");
             _exit(1);
         }
@@ -129,7 +110,7 @@ static int measure(char *mem, int cpu_a, int cpu_b, long rts, int batches, int p
         }
         _exit(0);
     }
-    if (pin(cpu_a) != 0) {
+    if (probe_pin(cpu_a) != 0) {
         perror("sched_setaffinity (parent)");
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
@@ -143,18 +124,18 @@ static int measure(char *mem, int cpu_a, int cpu_b, long rts, int batches, int p
     }
     long i = 0;
     for (int bt = -10; bt < batches; bt++) { /* ten warm-up batches, not counted */
-        double t0 = now_ns();
+        double t0 = probe_now_ns();
         for (long k = 0; k < rts; k++, i++) {
             send(&a, (char)(2 * i + 1));
             wait_for(&a, (char)(2 * i + 2), pause);
         }
-        double t1 = now_ns();
+        double t1 = probe_now_ns();
         if (bt >= 0)
             half[bt] = (t1 - t0) / (2.0 * rts);
     }
     int status = 0;
     waitpid(child, &status, 0);
-    qsort(half, (size_t)batches, sizeof *half, cmp);
+    qsort(half, (size_t)batches, sizeof *half, probe_cmp_double);
     *med = half[batches / 2];
     *min = half[0];
     free(half);
