@@ -205,12 +205,12 @@ namespace {
 // A READ's bytes from a reachable source (the mapped tier or this
 // process): up to 16 bytes with every load before any store (source and
 // destination may overlap: both can be in one MR of this process), longer
-// ones with memmove.
+// ones with move_bytes (a memmove; above kMovePiece in pieces, mover.h).
 inline void copy_in(void* dst, const void* src, size_t len) noexcept {
   if (len <= 16)
     copy_upto16(dst, src, len);
   else
-    std::memmove(dst, src, len);
+    move_bytes(dst, src, len);
 }
 
 }  // namespace
