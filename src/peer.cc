@@ -1,5 +1,6 @@
 #include "peer.h"
 
+#include <algorithm>
 #include <cerrno>
 
 #include <unistd.h>
@@ -27,6 +28,57 @@ Peer::~Peer() {
   if (async_fd >= 0) ::close(async_fd);
   for (auto& [n, v] : chan_fds_)
     if (v.second >= 0) ::close(v.second);
+}
+
+namespace {
+
+// premap_regions' bounds: the first entries of the peer's MR table it
+// looks at (MRs take the lowest free indices), the regions it maps and
+// their bytes in all.
+constexpr uint32_t kPremapScan = 256;
+constexpr uint32_t kPremapRegions = 16;
+constexpr uint64_t kPremapBytes = kPopulatePeerMax;
+
+}  // namespace
+
+// Most verbs programs (perftest, the pingpongs, MPI's eager buffers)
+// register their memory before they connect, and exchange its keys on the
+// way; the first WRITE, READ or SEND into a peer's region then mapped it in
+// the data path: the open and mmap (~0.2 ms) and the first translation of
+// each of its pages (mapped.cc touch_pages: ~1.1 ms per MiB under shadow
+// paging), ~2.5 ms inside the first of ib_write_bw -n 500's 1 MiB WRITEs,
+// as hardware, whose MRs are pinned and translated at registration, never
+// does. So the regions the peer has when one of our QPs connects to it are
+// mapped then (PeerMappings keeps them, and remote_hit finds them there).
+// Each entry is read inside the owner's seqlock (layout.h mr_entry_update)
+// and PeerMappings::get checks the file it names; a region that is not
+// mapped here is mapped on first use, as before. Bounded (kPremap*), so a
+// peer with a huge table or huge regions costs little; once per Peer, so
+// the QPs after the first cost one exchange.
+void Peer::premap_regions() noexcept {
+  if (self_process || !base || premapped.exchange(true, std::memory_order_relaxed)) return;
+  const uint32_t n = std::min(layout.mr_slots, kPremapScan);
+  uint32_t regions = 0;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < n && regions < kPremapRegions; ++i) {
+    layout::MrEntry* e = mr(i);
+    if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) continue;
+    std::atomic_ref<uint32_t> gen(e->generation);
+    const uint32_t g = gen.load(std::memory_order_acquire);
+    if (g & 1) continue;
+    const uint32_t kind = e->kind;
+    const uint16_t tier = e->tier;
+    const int32_t memfd = e->memfd;
+    const uint64_t start = e->map_start, len = e->map_len, id = e->map_id;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (gen.load(std::memory_order_relaxed) != g || kind != layout::kKindMr || tier != layout::kTierMapped ||
+        len > kPopulatePeerMax || len > kPremapBytes - bytes)
+      continue;
+    if (mappings.get(pid, memfd, id, start, len)) {
+      ++regions;
+      bytes += len;
+    }
+  }
 }
 
 void Peer::raise_async(uint32_t event_type, uint64_t token) noexcept {

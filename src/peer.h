@@ -72,10 +72,15 @@ struct Peer {
   int async_fd = -1;            // opened on first use
   std::once_flag async_once_;
   PeerMappings mappings;        // the peer's mapped-tier MRs we mapped
+  std::atomic<bool> premapped{false};  // premap_regions ran
   std::string segment_path;     // the peer's segment file; its channels are <segment_path>.chan<N>
   std::mutex chan_mu_;          // guards chan_fds_
   std::map<uint32_t, std::pair<uint32_t, int>> chan_fds_;  // number -> (CqEntry channel value, fd)
 
+  // Maps the peer's live mapped-tier regions now, once per Peer (a QP
+  // connecting to it: modify_qp to RTR), so that the first operations into
+  // them do not pay for the mapping in the data path (best effort; peer.cc).
+  void premap_regions() noexcept;
   // Raises an async event in the peer's context (best effort).
   void raise_async(uint32_t event_type, uint64_t token) noexcept;
   // Writes a token (channel.h) to the peer's completion channel named by a

@@ -267,11 +267,18 @@ int LocalContext::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) noexcept {
     // state is published), then the peer (it may not exist yet: the
     // connection is then resolved on first use, as a packet to an absent
     // QP would be retried).
-    std::lock_guard sq(qp->sq_lock);
-    (void)resolve_path(qp, true);
-    qp->peer = peer_of(qp->peer_dev, s.dest_qp_num);
-    qp->remote_index = layout::qpn_index(s.dest_qp_num);
-    qp->tgt = Qp::TargetCache{};  // another target: checked in full again
+    std::shared_ptr<Peer> peer;
+    {
+      std::lock_guard sq(qp->sq_lock);
+      (void)resolve_path(qp, true);
+      qp->peer = peer_of(qp->peer_dev, s.dest_qp_num);
+      qp->remote_index = layout::qpn_index(s.dest_qp_num);
+      qp->tgt = Qp::TargetCache{};  // another target: checked in full again
+      peer = qp->peer;
+    }
+    // The peer's regions, mapped now rather than by the first operations
+    // (peer.cc premap_regions; outside the send queue's lock).
+    if (peer) peer->premap_regions();
   }
   if (next == IBV_QPS_RESET) {
     // Everything posted is discarded; the QP starts over.

@@ -69,7 +69,7 @@ struct Hello {
   uint32_t magic = 0x44504d45;
   uint32_t qpn = 0;
   uint16_t lid = 0;
-  uint16_t pad = 0;
+  uint16_t premap = 0;  // owner: its MR is in the mapped tier and small enough for the peer to map it at connect
   uint32_t rkey = 0;
   uint64_t addr = 0;
   uint64_t len = 0;
@@ -99,6 +99,31 @@ void open_ep(Ep* e) {
   ia.cap.max_recv_sge = 1;
   e->qp = ibv_create_qp(e->pd, &ia);
   if (!e->qp) die("ibv_create_qp: %s", std::strerror(errno));
+}
+
+// The views of other processes' shmrdma regions this process has mapped:
+// the lines of /proc/self/maps that name a shmrdma memfd whose inode is not
+// that of the region holding `own` (this process's registered buffer).
+int peer_views(const void* own) {
+  std::FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) die("/proc/self/maps: %s", std::strerror(errno));
+  struct View {
+    uintptr_t lo, hi;
+    unsigned long inode;
+  };
+  std::vector<View> views;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    if (!std::strstr(line, "/memfd:shmrdma-mr")) continue;
+    View v{};
+    if (std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %lu", &v.lo, &v.hi, &v.inode) == 3) views.push_back(v);
+  }
+  std::fclose(f);
+  const auto at = reinterpret_cast<uintptr_t>(own);
+  unsigned long own_inode = 0;
+  for (const View& v : views)
+    if (at >= v.lo && at < v.hi) own_inode = v.inode;
+  return static_cast<int>(std::count_if(views.begin(), views.end(), [&](const View& v) { return v.inode != own_inode; }));
 }
 
 void connect_ep(Ep* e, const Hello& peer) {
@@ -346,6 +371,7 @@ int run_owner(const std::string& scenario) {
   me.rkey = mr->rkey;
   me.addr = reinterpret_cast<uintptr_t>(buf);
   me.len = len;
+  me.premap = tier == "mapped" && len <= kLen;
   if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("hello");
   if (!harness::read_all(harness::kCtlFd, &peer, sizeof peer, 30000)) die("no hello");
   connect_ep(&e, peer);
@@ -405,7 +431,15 @@ int run_peer() {
   me.lid = harness::port_lid(e.ctx);
   if (!harness::read_all(harness::kCtlFd, &owner, sizeof owner, 30000) || owner.magic != me.magic) die("no hello");
   if (!harness::write_all(harness::kCtlFd, &me, sizeof me)) die("hello");
+  // The owner registered its buffer before it said hello: connecting maps
+  // it here (Peer::premap_regions), before any operation needs it.
+  const int views_before = peer_views(buf);
   connect_ep(&e, owner);
+  const int views_after = peer_views(buf);
+  if (owner.premap && views_after <= views_before)
+    die("connecting did not map the owner's mapped-tier MR (views of other processes' regions: %d before, %d after): "
+        "the first WRITE or READ would map it in the data path",
+        views_before, views_after);
   harness::LineReader ctl(harness::kCtlFd);
   std::string line;
   if (ctl.poll_line(&line, 30000) != 1 || line != "GO") die("owner not ready");
