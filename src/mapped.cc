@@ -535,11 +535,15 @@ bool share_region(uint64_t addr, uint64_t len, SharedRegion* out, uint16_t* why)
     return false;
   }
   const uint64_t n = e - s;
-  int fd = ::memfd_create(kMemfdName, MFD_CLOEXEC);
+  // Sealed against shrinking once it has its size (PeerMappings::get maps
+  // only such a file): a peer's view of it can then never find its pages
+  // gone, where a load or store would raise SIGBUS in the peer.
+  int fd = ::memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   struct stat st{};
   void* view = MAP_FAILED;
   void* park = MAP_FAILED;
-  if (fd >= 0 && ::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0)
+  if (fd >= 0 && ::fstat(fd, &st) == 0 && ::ftruncate(fd, static_cast<off_t>(n)) == 0 &&
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
     view = sys_mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
   if (view != MAP_FAILED && uffd >= 0) park = sys_mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1);
   Region r{fd, s, n, static_cast<uint64_t>(st.st_ino), 1};
@@ -644,9 +648,12 @@ std::shared_ptr<PeerMapping> PeerMappings::get(pid_t owner, int memfd, uint64_t 
     if (fd < 0) return nullptr;
     struct stat st{};
     // The file must be the region's (fd numbers are reused) and really be that
-    // big, or touching the mapping would fault.
+    // big, or touching the mapping would fault; and sealed against shrinking
+    // (share_region seals its memfds), else its owner could truncate it under
+    // our view, and our next access through it would raise SIGBUS here.
+    const int seals = ::fcntl(fd, F_GET_SEALS);
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_ino) != id ||
-        static_cast<uint64_t>(st.st_size) < len) {
+        static_cast<uint64_t>(st.st_size) < len || seals < 0 || !(seals & F_SEAL_SHRINK)) {
       ::close(fd);
       return nullptr;
     }

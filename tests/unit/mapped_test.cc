@@ -10,12 +10,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -229,6 +231,29 @@ TEST_F(Mapped, APeerViewChecksTheMemfdIdentity) {
   ASSERT_TRUE(v);
   EXPECT_EQ(std::memcmp(v->base, base_, kPage), 0);
   release_region(r);
+}
+
+// A view never finds its pages gone (a load or store through it would raise
+// SIGBUS in the peer): a region's memfd cannot be shrunk, and a file that
+// could be is not mapped.
+TEST_F(Mapped, APeerViewIsOnlyOfAFileThatCannotShrink) {
+  SharedRegion r;
+  ASSERT_TRUE(share_region(addr(0), kPage, &r));
+  EXPECT_NE(::ftruncate(r.memfd, 0), 0) << "the owner (or a hostile peer holding its fd) shrank a region's memfd";
+  EXPECT_EQ(errno, EPERM);
+  struct stat st{};
+  ASSERT_EQ(::fstat(r.memfd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), r.len);
+  release_region(r);
+
+  const int fd = ::memfd_create("shmrdma-mr", MFD_CLOEXEC);  // as a hostile owner might advertise
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kPage), 0);
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  PeerMappings views;
+  EXPECT_FALSE(views.get(::getpid(), fd, static_cast<uint64_t>(st.st_ino), 0, kPage))
+      << "a view of a memfd its owner may truncate under it";
+  ::close(fd);
 }
 
 // A peer's view of a region (up to 64 MiB) comes with its page table filled,
