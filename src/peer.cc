@@ -34,10 +34,17 @@ namespace {
 
 // premap_regions' bounds: the first entries of the peer's MR table it
 // looks at (MRs take the lowest free indices), the regions it maps and
-// their bytes in all.
+// their bytes per peer, and the bytes it maps in this process's lifetime
+// (g_premapped): a job of many processes connecting to each other (MPI)
+// does not map every region of every peer at connect, most of which it may
+// never use; beyond these the first operation maps a region, as before.
+// 32 MiB per peer cover perftest's buffer at its largest message size (-a:
+// 8 MiB, two of them, in an allocation a page larger).
 constexpr uint32_t kPremapScan = 256;
 constexpr uint32_t kPremapRegions = 16;
-constexpr uint64_t kPremapBytes = kPopulatePeerMax;
+constexpr uint64_t kPremapBytes = uint64_t{32} << 20;
+constexpr uint64_t kPremapProcessBytes = uint64_t{256} << 20;
+std::atomic<uint64_t> g_premapped{0};
 
 }  // namespace
 
@@ -53,8 +60,8 @@ constexpr uint64_t kPremapBytes = kPopulatePeerMax;
 // Each entry is read inside the owner's seqlock (layout.h mr_entry_update)
 // and PeerMappings::get checks the file it names; a region that is not
 // mapped here is mapped on first use, as before. Bounded (kPremap*), so a
-// peer with a huge table or huge regions costs little; once per Peer, so
-// the QPs after the first cost one exchange.
+// peer with a huge table or huge regions, or many peers, cost little; once
+// per Peer, so the QPs after the first cost one exchange.
 void Peer::premap_regions() noexcept {
   if (self_process || !base || premapped.exchange(true, std::memory_order_relaxed)) return;
   const uint32_t n = std::min(layout.mr_slots, kPremapScan);
@@ -72,8 +79,14 @@ void Peer::premap_regions() noexcept {
     const uint64_t start = e->map_start, len = e->map_len, id = e->map_id;
     std::atomic_thread_fence(std::memory_order_acquire);
     if (gen.load(std::memory_order_relaxed) != g || kind != layout::kKindMr || tier != layout::kTierMapped ||
-        len > kPopulatePeerMax || len > kPremapBytes - bytes)
+        len > kPremapBytes - bytes)
       continue;
+    // This process's budget, taken before the mapping (and kept: a failed
+    // get costs little, and the budget only bounds the work).
+    uint64_t used = g_premapped.load(std::memory_order_relaxed);
+    do {
+      if (len > kPremapProcessBytes - used) return;
+    } while (!g_premapped.compare_exchange_weak(used, used + len, std::memory_order_relaxed));
     if (mappings.get(pid, memfd, id, start, len)) {
       ++regions;
       bytes += len;
