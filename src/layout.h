@@ -429,9 +429,9 @@ struct MrEntry {
 static_assert(sizeof(MrEntry) == 96);
 
 // The owner's write of an MR-table entry, MRs and windows alike: a seqlock on
-// `generation` (odd while the fields change). Peers (transport.cc
-// resolve_remote) read generation, the fields, then generation again, and use
-// the copy only when both reads are the same even value; so a re-registration
+// `generation` (odd while the fields change). Peers read it with
+// mr_entry_read: generation, the fields, then generation again, using the
+// copy only when both reads are the same even value; so a re-registration
 // (access, PD, translation) is seen whole by the very next access.
 template <typename F>
 inline void mr_entry_update(MrEntry* e, F&& fill) {
@@ -441,6 +441,27 @@ inline void mr_entry_update(MrEntry* e, F&& fill) {
   std::atomic_thread_fence(std::memory_order_release);
   fill();
   gen.store((g | 1) + 1, std::memory_order_release);
+}
+
+// A peer's read of an MR-table entry (another process's, untrusted) inside
+// mr_entry_update's seqlock, once: read() copies the fields the caller
+// needs out of *e and returns false to give up on the entry (kRefused: a
+// decision on fields that may be torn, which the caller takes as final).
+// kStable: the copy is of one write, the generation *gen_out (even, the
+// same before and after); kTorn: the owner was writing, try again. The
+// reader of a window checks its mw_key again after kStable (mw.cc changes
+// it outside the seqlock).
+enum class EntryRead { kStable, kTorn, kRefused };
+template <typename F>
+inline EntryRead mr_entry_read(MrEntry* e, uint32_t* gen_out, F&& read) {
+  std::atomic_ref<uint32_t> gen(e->generation);
+  const uint32_t g = gen.load(std::memory_order_acquire);
+  if (g & 1) return EntryRead::kTorn;
+  if (!read()) return EntryRead::kRefused;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (gen.load(std::memory_order_relaxed) != g) return EntryRead::kTorn;
+  *gen_out = g;
+  return EntryRead::kStable;
 }
 static_assert(offsetof(MrEntry, mw_key) % 8 == 0);
 

@@ -57,7 +57,7 @@ std::atomic<uint64_t> g_premapped{0};
 // as hardware, whose MRs are pinned and translated at registration, never
 // does. So the regions the peer has when one of our QPs connects to it are
 // mapped then (PeerMappings keeps them, and remote_hit finds them there).
-// Each entry is read inside the owner's seqlock (layout.h mr_entry_update)
+// Each entry is read inside the owner's seqlock (layout.h mr_entry_read)
 // and PeerMappings::get checks the file it names; a region that is not
 // mapped here is mapped on first use, as before. Bounded (kPremap*), so a
 // peer with a huge table or huge regions, or many peers, cost little; once
@@ -70,16 +70,20 @@ void Peer::premap_regions() noexcept {
   for (uint32_t i = 0; i < n && regions < kPremapRegions; ++i) {
     layout::MrEntry* e = mr(i);
     if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) continue;
-    std::atomic_ref<uint32_t> gen(e->generation);
-    const uint32_t g = gen.load(std::memory_order_acquire);
-    if (g & 1) continue;
-    const uint32_t kind = e->kind;
-    const uint16_t tier = e->tier;
-    const int32_t memfd = e->memfd;
-    const uint64_t start = e->map_start, len = e->map_len, id = e->map_id;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (gen.load(std::memory_order_relaxed) != g || kind != layout::kKindMr || tier != layout::kTierMapped ||
-        len > kPremapBytes - bytes)
+    uint32_t kind = 0, g = 0;
+    uint16_t tier = 0;
+    int32_t memfd = -1;
+    uint64_t start = 0, len = 0, id = 0;
+    if (layout::mr_entry_read(e, &g, [&] {
+          kind = e->kind;
+          tier = e->tier;
+          memfd = e->memfd;
+          start = e->map_start;
+          len = e->map_len;
+          id = e->map_id;
+          return true;
+        }) != layout::EntryRead::kStable ||
+        kind != layout::kKindMr || tier != layout::kTierMapped || len > kPremapBytes - bytes)
       continue;
     // This process's budget, taken before the mapping (and kept: a failed
     // get costs little, and the budget only bounds the work).

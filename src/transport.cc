@@ -49,7 +49,7 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
   layout::MrEntry* e = peer.mr(layout::key_index(key));
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return false;  // A1 pairs with R1
   // One snapshot of the untrusted entry inside the owner's seqlock (layout.h
-  // mr_entry_update), for MRs (re-registration) and windows (binds) alike;
+  // mr_entry_read), for MRs (re-registration) and windows (binds) alike;
   // everything below uses the copy. The owner's write is a few stores: a
   // bounded retry outlasts it unless the owner is preempted in the middle.
   //
@@ -79,27 +79,29 @@ bool LocalContext::resolve_remote(Qp* qp, Peer& peer, uint32_t key, bool rkey, u
         else
           __builtin_ia32_pause();
       }
-      g = gen.load(std::memory_order_acquire);
-      if (g & 1) continue;
-      sn.kind = e->kind;
-      if (sn.kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
-      const uint64_t mk = e->mw_key.load(std::memory_order_acquire);
-      // A window answers only while bound and valid with exactly this key.
-      if (sn.kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
-      sn.key = sn.kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
-      sn.pd = e->pd_index;
-      sn.access = e->access;
-      sn.mw_qpn = e->mw_qpn;
-      sn.iova = e->iova;
-      sn.length = e->length;
-      sn.host = e->host_addr;
-      sn.tier = e->tier;
-      sn.memfd = e->memfd;
-      sn.map_start = e->map_start;
-      sn.map_len = e->map_len;
-      sn.map_id = e->map_id;
-      std::atomic_thread_fence(std::memory_order_acquire);
-      stable = gen.load(std::memory_order_relaxed) == g &&
+      uint64_t mk = 0;
+      const layout::EntryRead r = layout::mr_entry_read(e, &g, [&] {
+        sn.kind = e->kind;
+        if (sn.kind != layout::kKindMr && !rkey) return false;  // a memory window (mw.cc): an rkey only
+        mk = e->mw_key.load(std::memory_order_acquire);
+        // A window answers only while bound and valid with exactly this key.
+        if (sn.kind != layout::kKindMr && mk != (layout::kMwValid | key)) return false;
+        sn.key = sn.kind != layout::kKindMr ? key : rkey ? e->rkey : e->lkey;
+        sn.pd = e->pd_index;
+        sn.access = e->access;
+        sn.mw_qpn = e->mw_qpn;
+        sn.iova = e->iova;
+        sn.length = e->length;
+        sn.host = e->host_addr;
+        sn.tier = e->tier;
+        sn.memfd = e->memfd;
+        sn.map_start = e->map_start;
+        sn.map_len = e->map_len;
+        sn.map_id = e->map_id;
+        return true;
+      });
+      if (r == layout::EntryRead::kRefused) return false;
+      stable = r == layout::EntryRead::kStable &&
                (sn.kind == layout::kKindMr || e->mw_key.load(std::memory_order_relaxed) == mk);
     }
     if (!stable) return false;

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 //
 // Unit tests for src/layout.h: the geometry of context segments and the
-// registry size. Attachers recompute the geometry and compare it with what a
-// header claims, so it must be a pure function of the heap size, its tables
-// must not overlap each other, the header or the heap, and every offset must
-// keep the alignment the rings and atomics rely on.
+// registry size, and the MR table's seqlock. Attachers recompute the
+// geometry and compare it with what a header claims, so it must be a pure
+// function of the heap size, its tables must not overlap each other, the
+// header or the heap, and every offset must keep the alignment the rings
+// and atomics rely on.
 
 #include "layout.h"
 
@@ -179,6 +180,57 @@ TEST(Layout, AlignUp) {
   EXPECT_EQ(align_up(64, 64), 64u);
   EXPECT_EQ(align_up(65, 64), 128u);
   EXPECT_EQ(align_up(4097, 4096), 8192u);
+}
+
+// mr_entry_read, the peers' side of mr_entry_update's seqlock
+// (transport.cc resolve_remote and peer.cc premap_regions read every entry
+// of another process's MR table through it).
+TEST(MrEntrySeqlock, AStableReadCopiesOneWriteAndReturnsItsGeneration) {
+  MrEntry e{};
+  mr_entry_update(&e, [&] { e.lkey = e.rkey = 7; });
+  uint32_t g = 99, lkey = 0, rkey = 0;
+  EXPECT_EQ(mr_entry_read(&e, &g, [&] {
+              lkey = e.lkey;
+              rkey = e.rkey;
+              return true;
+            }),
+            EntryRead::kStable);
+  EXPECT_EQ(g, 2u);
+  EXPECT_EQ(lkey, 7u);
+  EXPECT_EQ(rkey, 7u);
+}
+
+TEST(MrEntrySeqlock, AnEntryBeingWrittenIsNotRead) {
+  MrEntry e{};
+  e.generation = 3;  // odd: the owner is between its two stores
+  bool called = false;
+  uint32_t g = 99;
+  EXPECT_EQ(mr_entry_read(&e, &g, [&] { return called = true; }), EntryRead::kTorn);
+  EXPECT_FALSE(called);
+  EXPECT_EQ(g, 99u);
+}
+
+TEST(MrEntrySeqlock, AWriteDuringTheReadMakesItTorn) {
+  MrEntry e{};
+  uint32_t g = 99, lkey = 0;
+  // The owner's whole update lands between the reader's two loads.
+  EXPECT_EQ(mr_entry_read(&e, &g, [&] {
+              lkey = e.lkey;
+              mr_entry_update(&e, [&] { e.lkey = 5; });
+              return true;
+            }),
+            EntryRead::kTorn);
+  EXPECT_EQ(g, 99u);
+  EXPECT_EQ(mr_entry_read(&e, &g, [&] { return (lkey = e.lkey), true; }), EntryRead::kStable);
+  EXPECT_EQ(lkey, 5u);
+  EXPECT_EQ(g, 2u);
+}
+
+TEST(MrEntrySeqlock, TheReadersRefusalIsFinal) {
+  MrEntry e{};
+  uint32_t g = 99;
+  EXPECT_EQ(mr_entry_read(&e, &g, [] { return false; }), EntryRead::kRefused);
+  EXPECT_EQ(g, 99u);
 }
 
 }  // namespace
