@@ -264,7 +264,6 @@ class LocalContext {
       const uint32_t qi = layout::qpn_index(w->qp_num);
       const uint8_t tag = reinterpret_cast<const uint8_t*>(w)[kWcTakeTag];
       if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
-      note_recv_polled();
     }
     ring.release_sc(h, p);
     return true;
@@ -900,14 +899,6 @@ class LocalContext {
   // wrote that poll_cq handed out (flush_qp: was a dead initiator's
   // completion delivered?).
   std::unique_ptr<std::atomic<uint8_t>[]> last_recv_tag_;
-  // Receive completions polled (take_cqe, take_staged), a hint for
-  // srq_send_leaf: written with a plain load and store (relaxed, no locked
-  // instruction; two polling threads may lose a count, which only moves the
-  // hint).
-  std::atomic<uint32_t> recv_polled_{0};
-  void note_recv_polled() noexcept {
-    recv_polled_.store(recv_polled_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  }
   // Staged receives (layout.h StagedCqe) of our RC and UC QPs without an
   // SRQ, per QP index, for the context's whole life: the poll that finishes
   // one (finish_staged) reads this, never the Qp, which another thread may

@@ -209,12 +209,6 @@ struct Qp {
   uint64_t rnr_backoff_since_ns = 0;
   uint32_t rnr_backoff_looks = 0;  // calls of rnr_backing_off in this back-off (transport_internal.h)
 
-  // srq_send_leaf: LocalContext::recv_polled_ as its last send saw it
-  // (a receive polled since: the application answers a message, so its
-  // send goes into the buffer; none: it streams, and its bytes go in the
-  // completion).
-  uint32_t leaf_recv_polled = 0;
-
   // A busy receive record of a target QP (transport.cc take_holder_dead).
   uint32_t busy_take = 0, busy_take_qpn = 0;
   uint64_t busy_since_ns = 0;

@@ -677,7 +677,6 @@ void LocalContext::staged_responder_error(uint32_t qi, uint32_t qpn) noexcept {
 
 int LocalContext::take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w, uint64_t* ts) noexcept {
   const auto* payload = reinterpret_cast<const std::byte*>(h) + kRingSlotHeaderBytes;
-  note_recv_polled();
   uint32_t status;
   std::memcpy(&status, &w->status, sizeof status);
   bool took;

@@ -612,23 +612,21 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
   layout::CqEntry* ce = peer.cq(cq_index);
   if (!ce) return Leaf::kNotHandled;
   // Up to 20 bytes (16 with an immediate) travel in the completion
-  // (layout.h SrqInlineCqe) when this context polled no receive since this
-  // QP's last send (a stream: the receiver's poll puts them into its buffer,
-  // and the sender writes one line per message instead of two), unless the
-  // CQ takes timestamps or this context's sends never stage
-  // (SHMRDMA_STAGED_SEND=0). Otherwise, and after a receive (an answer: the
-  // peer waits for it, and the bytes already in its buffer when it polls
-  // are on its critical path once, not twice: A/B over UCX's rc_verbs, near,
-  // Open MPI's 8-byte ping-pong 0.206 us with the bytes in the buffer, 0.232
-  // with them in the completion), they go into the buffer, which must be
-  // ours to write with memcpy.
+  // (layout.h SrqInlineCqe), unless the CQ takes timestamps or this
+  // context's sends never stage (SHMRDMA_STAGED_SEND=0): the receiver's poll
+  // puts them into its buffer, whose line then never leaves the receiver's
+  // cache, and the sender writes one line of the receiver's per message
+  // instead of two. The receiver pays for the bytes in its buffer with one
+  // line transfer (the CQE's), not two in a row (the CQE's, then, once the
+  // application reads them, the buffer's): Open MPI's 8-byte ping-pong over
+  // UCX's rc_verbs, alternating builds, medians of 8 pairs, far: 0.612 us
+  // with the bytes of an answer (a send after a receive) in the buffer,
+  // 0.478 with them in the completion; near: 0.224, 0.212. Larger messages
+  // go into the buffer, which must be ours to write with memcpy.
   const uint32_t op = wr.opcode;
   const bool imm = op == IBV_WR_SEND_WITH_IMM;
-  const uint32_t polled = recv_polled_.load(std::memory_order_relaxed);
-  const bool inl = polled == qp->leaf_recv_polled && staged_send_ &&
-                   len <= (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData) &&
+  const bool inl = staged_send_ && len <= (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData) &&
                    !(ce->flags & layout::kCqTimestamp);
-  qp->leaf_recv_polled = polled;
   // Bytes that travel in the completion are read from one place: two
   // inline SGEs are put together now, long before they are read (a read
   // right after would wait for the stores that put them there).
@@ -780,33 +778,25 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
   // The message is out: take the next slot's line now, as deliver does
   // (Ring::own_line), not in the next send's release_cas.
   Ring::own_line(next_slot);
-  // And the first line of the buffer the next send will fill, that of the
-  // WQE after this one (another QP of the SRQ may take it first: then this
-  // was in vain), when it is posted and in the MR of this one's buffer (the
-  // common case: one MR for all of them), so remote_hit's answer for this
-  // one vouches for the key (snapshot_byte). After a message that went into
-  // its buffer, the next presumably does too: the line is asked for writing
-  // (own_dest_line). After one that went in its completion, the receiver
-  // writes the next buffer itself when it polls: the line is only
-  // prefetched, so that it comes from a cache and not from memory then (the
-  // application reads the bytes right after the poll, before the stores
-  // that put them there are done). Measured with every small SEND in its
-  // completion (A/B over UCX's rc_verbs, near, noisy runs): Open MPI 8 B
-  // ping-pong 0.37 us without this prefetch, 0.30 with it or with the lock
-  // orb; UCX am_bw 8 B 9.3 without it, 9.6 with it, 6.8 with the lock orb.
-  if (Ring::published_for(next_slot, pos + 1)) {
+  // After a message that went into its buffer, the next presumably does
+  // too: the first line of the buffer it will fill, that of the WQE after
+  // this one (another QP of the SRQ may take it first: then this was in
+  // vain), is asked for writing now (own_dest_line), when that WQE is posted
+  // and in the MR of this one's buffer (the common case: one MR for all of
+  // them), so remote_hit's answer for this one vouches for the key
+  // (snapshot_byte). After one that went in its completion nothing of the
+  // next buffer is touched: the receiver writes it itself when it polls,
+  // and a line we fetched, even only for reading, would have to be taken
+  // back from us then (a read prefetch here made Open MPI's 8-byte
+  // ping-pong, far, 0.58 us against 0.48 without it).
+  if (!inl && Ring::published_for(next_slot, pos + 1)) {
     const std::byte* np = reinterpret_cast<const std::byte*>(next_slot) + kRingSlotHeaderBytes;
     layout::RecvWqeHeader nhd;
     layout::WireSge ng;
     std::memcpy(&nhd, np, sizeof nhd);
     std::memcpy(&ng, np + sizeof nhd, sizeof ng);
     if (nhd.num_sge != 0 && ng.length != 0 && ng.lkey == g.lkey)
-      if (uint8_t* line = snapshot_byte(qp->recv_key_cache, peer, ng.addr)) {
-        if (inl)
-          __builtin_prefetch(line, 0);
-        else
-          own_dest_line(line);
-      }
+      if (uint8_t* line = snapshot_byte(qp->recv_key_cache, peer, ng.addr)) own_dest_line(line);
   }
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done; fast_groups answered above).

@@ -171,8 +171,6 @@ TEST_F(SrqHostile, HostileReceiverPdDoesNotMatchAnUnarmedKeyCache) {
   // (1) Two honest SENDs: the first fills the sender's caches of the target
   // (the leaf takes a WR only once they answer); the second, into the
   // on-demand buffer, leaves the receive key cache naming that MR, unarmed.
-  // Each receive completion is polled: the leaf then puts the next small
-  // SEND's bytes into the buffer itself, rather than in the completion.
   ASSERT_EQ(post_srq(1, reinterpret_cast<uint64_t>(buf_.data()) + 2048, 64, mr_->lkey), 0);
   ASSERT_EQ(post_srq(2, odp_addr, 64, odp_mr_->lkey), 0);
   for (uint64_t k = 1; k <= 2; ++k) {

@@ -665,12 +665,12 @@ TEST_F(SrqSmall, TwoInlineSgesArriveWhole) {
 }
 
 // Two inline SGEs (UCX's shape) of every split of 1 to 64 bytes, each sent
-// twice in a row: the first after a receive was polled (an answer: the
-// leaf writes both parts straight into the buffer), the second right after
-// it (a stream: up to 20 bytes travel in the completion). Then an answer
-// whose second part is read from the very buffer its first part lands in
-// (a loopback send out of its own receive buffer): the bytes the post
-// carried arrive, not what the first part's stores left there.
+// twice in a row, into two WQEs (up to 20 bytes travel in the completion
+// and the receiver's poll puts them in the buffer; from 21 the leaf writes
+// both parts straight into the buffer). Then a 32-byte send whose second
+// part is read from the very buffer its first part lands in (a loopback
+// send out of its own receive buffer): the bytes the post carried arrive,
+// not what the first part's stores left there.
 TEST_F(SrqSmall, TwoInlineSgesOfEverySplitAndAnOverlapArriveAsPosted) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
@@ -720,8 +720,8 @@ TEST_F(SrqSmall, TwoInlineSgesOfEverySplitAndAnOverlapArriveAsPosted) {
           ASSERT_EQ(d[i], 0x5a) << a << "+" << b << ", send " << k << ": byte " << i - 16;
       }
     }
-  // The overlap: an answer (a receive was polled above) of 8 + 24 bytes
-  // whose second part starts 2 bytes into the buffer it goes to.
+  // The overlap: 8 + 24 bytes (into the buffer) whose second part starts
+  // 2 bytes into the buffer it goes to.
   uint8_t* dst = buf_.data() + kDst[0] + 16;
   for (int i = 0; i < 64; ++i) dst[i] = static_cast<uint8_t>(0xb0 + i);
   uint8_t want[32];
@@ -779,11 +779,11 @@ TEST_F(SrqSmall, BufferWithABadLkeyIsLocProtAtTheReceiverAndRemOpAtTheSender) {
 }
 
 // Every size the leaf takes (1 to 64 bytes), with and without an immediate,
-// two SENDs each: the first after a receive was polled (an answer: its bytes
-// go into the buffer), the second right after the first (a stream: up to 20
-// bytes, 16 with an immediate, travel in the receive completion and the
-// receiver's poll puts them in the buffer). Both arrive byte for byte,
-// nothing around them changes, and each completion says what a SEND's says.
+// two SENDs each, one right after the other (up to 20 bytes, 16 with an
+// immediate, travel in the receive completion and the receiver's poll puts
+// them in the buffer; larger ones go into the buffer). Both arrive byte for
+// byte, nothing around them changes, and each completion says what a SEND's
+// says.
 TEST_F(SrqSmall, EverySizeWithAndWithoutImmediateArrivesExactly) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
@@ -829,13 +829,13 @@ TEST_F(SrqSmall, EverySizeWithAndWithoutImmediateArrivesExactly) {
     }
 }
 
-// The design, seen from outside: of two small SENDs into an SRQ in a row,
-// the first (after a receive was polled) lands in its buffer before its
-// completion is polled, the second when it is polled (its bytes came in the
-// completion); a larger second one lands before. (On the wire all would be
-// in the buffer by the time the completion can be polled; the difference
-// shows only to a reader that does not poll.)
-TEST_F(SrqSmall, ASmallSendInAStreamLandsWhenItsCompletionIsPolled) {
+// The design, seen from outside: a SEND of up to 20 bytes into an SRQ lands
+// in its buffer when its completion is polled (its bytes came in the
+// completion), the first of two in a row (after a receive was polled: an
+// answer) as the second; a larger one lands before. (On the wire all would
+// be in the buffer by the time the completion can be polled; the
+// difference shows only to a reader that does not poll.)
+TEST_F(SrqSmall, ASmallSendLandsWhenItsCompletionIsPolled) {
   ibv_srq* s = make_srq(16);
   ASSERT_NE(s, nullptr);
   ibv_qp *c, *sv;
@@ -852,11 +852,12 @@ TEST_F(SrqSmall, ASmallSendInAStreamLandsWhenItsCompletionIsPolled) {
       ASSERT_EQ(poll_n(ccq_, &snd, 1), 1);
       ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
     }
-    EXPECT_EQ(buf_[8192], 0x80) << "the first, an answer: not written before its completion was polled";
-    if (len <= 20)
-      EXPECT_EQ(buf_[8192 + 256], 0) << "the second, in a stream: written before its completion was polled";
-    else
-      EXPECT_EQ(buf_[8192 + 256], 0x80) << "too large to go in its completion: not written before it was polled";
+    for (int k = 0; k < 2; ++k) {
+      if (len <= 20)
+        EXPECT_EQ(buf_[8192 + 256 * k], 0) << "send " << k << " of " << len << " bytes: written before its completion was polled";
+      else
+        EXPECT_EQ(buf_[8192 + 256 * k], 0x80) << "send " << k << ": too large to go in its completion, not written before it was polled";
+    }
     for (int k = 0; k < 2; ++k) {
       ibv_wc rcv{};
       ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
