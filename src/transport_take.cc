@@ -537,8 +537,7 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
 // receive-take protocol (reserve, announce, claim, hold, release, complete),
 // and declines (kNotHandled) whenever one of them would do more: then
 // post_send_list takes the WR as before. A message of up to 20 bytes (16
-// with an immediate) sent in a stream (below: inl) is not written into the
-// WQE's buffer: its bytes and the buffer travel in the completion and the
+// with an immediate; below: inl) is not written into the WQE's buffer: its bytes and the buffer travel in the completion and the
 // receiver's poll puts them there (layout.h SrqInlineCqe), so the sender
 // writes one line of the receiver's per message, not two.
 //
