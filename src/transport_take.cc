@@ -537,9 +537,10 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
 // receive-take protocol (reserve, announce, claim, hold, release, complete),
 // and declines (kNotHandled) whenever one of them would do more: then
 // post_send_list takes the WR as before. A message of up to 20 bytes (16
-// with an immediate; below: inl) is not written into the WQE's buffer: its bytes and the buffer travel in the completion and the
-// receiver's poll puts them there (layout.h SrqInlineCqe), so the sender
-// writes one line of the receiver's per message, not two.
+// with an immediate; below: inl) is not written into the WQE's buffer: its
+// bytes and the buffer travel in the completion and the receiver's poll
+// puts them there (layout.h SrqInlineCqe), so the sender writes one line of
+// the receiver's per message, not two.
 //
 // The one difference from deliver: the WQE is read and its buffer checked
 // before the slot is claimed, at the SRQ's consumer position, which is then

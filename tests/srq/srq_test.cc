@@ -854,9 +854,11 @@ TEST_F(SrqSmall, ASmallSendLandsWhenItsCompletionIsPolled) {
     }
     for (int k = 0; k < 2; ++k) {
       if (len <= 20)
-        EXPECT_EQ(buf_[8192 + 256 * k], 0) << "send " << k << " of " << len << " bytes: written before its completion was polled";
+        EXPECT_EQ(buf_[8192 + 256 * k], 0)
+            << "send " << k << " of " << len << " bytes: written before its completion was polled";
       else
-        EXPECT_EQ(buf_[8192 + 256 * k], 0x80) << "send " << k << ": too large to go in its completion, not written before it was polled";
+        EXPECT_EQ(buf_[8192 + 256 * k], 0x80)
+            << "send " << k << ": too large to go in its completion, not written before it was polled";
     }
     for (int k = 0; k < 2; ++k) {
       ibv_wc rcv{};
