@@ -327,22 +327,33 @@ class Plan:
             self.groups.append((f"lat {sz}", [s_send, s_write] + tag + put + [fi]))
 
         # ---------------- bandwidth / message rate ----------------
+        # perftest's bandwidth tests have no warm-up, time the whole run, and
+        # unless told -N (or given more than 20,000 iterations) store a
+        # timestamp per post and per completion in arrays malloc()ed for the
+        # run, whose pages are first touched inside the timed loop (on a
+        # shadow-paging guest ~10 us each, one page per 512 messages): -N,
+        # and runs long enough (30-80 ms) that the first touches of the
+        # buffers and queues are a small part of them, so the figure is the
+        # steady state, as the memcpy floor's and UCX's (with warm-up) are.
+        # A 4 KiB run of 20,000 iterations measured half the rate of one of
+        # 200,000 (bench/README.md).
         bw_iters = {8: (n(100000, 20000), n(1000000, 200000)),
-                    4 * KiB: (n(20000, 5000), n(50000, 10000)),
-                    64 * KiB: (n(5000, 1000), n(5000, 1000)),
-                    MiB: (n(500, 200), n(500, 200))}
+                    4 * KiB: (n(200000, 5000), n(50000, 10000)),
+                    64 * KiB: (n(50000, 1000), n(5000, 1000)),
+                    MiB: (n(2000, 200), n(500, 200))}
         for size, (pt_iters, ucx_iters) in bw_iters.items():
             kind = "rate" if size == 8 else "bw"
             floor = None if size == 8 else "memcpy"
             sz = human_size(size)
             to = 60 if size >= MiB else 40
-            s_write = P("ib_write_bw", size, pt_iters, timeout=to)
-            s_send = P("ib_send_bw", size, pt_iters, timeout=to)
-            s_read = P("ib_read_bw", size, pt_iters, timeout=to)
+            s_write = P("ib_write_bw", size, pt_iters, ["-N"], timeout=to)
+            s_send = P("ib_send_bw", size, pt_iters, ["-N"], timeout=to)
+            s_read = P("ib_read_bw", size, pt_iters, ["-N"], timeout=to)
             g = [s_write, s_send, s_read]
             s_q16 = None
             if size in (8, 64 * KiB):
-                s_q16 = P("ib_write_bw", size, max(pt_iters // 4, 100), ["-q", "16"], tag="-q 16", timeout=to)
+                s_q16 = P("ib_write_bw", size, max(pt_iters // 4, 100), ["-q", "16", "-N"], tag="-q 16",
+                          timeout=to)
                 g.append(s_q16)
             tag = ucp("tag_bw", size, ucx_iters, warmup=n(1000, 200) if size < MiB else n(50, 10), timeout=to)
             put = self.ucx("put_bw", size, ucx_iters, "posix", uct=True,
