@@ -275,6 +275,10 @@ class LocalContext {
   // (transport_staged.cc: out of line, so that the common path makes no call.)
   [[gnu::noinline]] int take_staged(const Ring& ring, RingSlotHeader* h, uint32_t p, ibv_wc* w,
                                     uint64_t* ts) noexcept;
+  // take_staged's for an SrqInlineCqe, inline (srq_inline.h): the
+  // provider's poll takes the usual staged CQE of an SRQ without a call.
+  [[gnu::always_inline]] inline int take_srq_inline(const Ring& ring, RingSlotHeader* h, uint32_t p,
+                                                    ibv_wc* w) noexcept;
   // One CQE from its ring slot (untrusted: every byte is read once, in
   // three 16-byte loads) into an ibv_wc, whose first 46 bytes have the
   // Cqe's layout: each 16 bytes are masked in their register (opcode to 8
@@ -927,8 +931,9 @@ class LocalContext {
   // take_staged's: a staged CQE (payload, untrusted) into *w; false when
   // there is nothing to hand out (not ours any more, or bogus).
   bool finish_staged(const std::byte* payload, ibv_wc* w) noexcept;
-  // take_staged's: an SrqInlineCqe (payload, untrusted) into *w; false when
-  // there is nothing to hand out (its QP is not ours, or it is bogus).
+  // take_srq_inline's: an SrqInlineCqe (payload, untrusted) into *w; false
+  // when there is nothing to hand out (its QP is not ours, or it is bogus).
+  // (srq_inline.h)
   [[gnu::always_inline]] inline bool finish_srq_inline(const std::byte* payload, ibv_wc* w) noexcept;
   // Their responder error: QP qpn at index qi enters the error state, if it
   // is still there (transport_staged.cc).

@@ -13,6 +13,7 @@
 #include "channel.h"
 #include "provider.h"
 #include "shim_abi.h"
+#include "srq_inline.h"
 
 namespace shmrdma::provider {
 
@@ -366,13 +367,18 @@ namespace {
   return took;
 }
 
-// poll_hit's staged CQE (take_cqe left it at position pos, slot h): finished
-// out of line (take_staged, as poll_cq_wc does), not taken again from the
-// start in poll_rest. It may give nothing to hand out (0): the poll goes on
-// with the next.
+// poll_hit's staged CQE (take_cqe left it at position pos, slot h; its
+// status, read once, is in wc): finished out of line, not taken again from
+// the start in poll_rest. An SRQ SEND's bytes in its completion, the
+// usual one, here (take_srq_inline); the others in take_staged, as
+// poll_cq_wc takes them. It may give nothing to hand out (0): the poll goes
+// on with the next.
 [[gnu::noinline]] int poll_staged(Cq* cq, LocalContext* core, int num_entries, ibv_wc* wc, RingSlotHeader* h,
                                   uint32_t pos) noexcept {
-  const int took = core->take_staged(cq->info.ring, h, pos, wc, nullptr);
+  uint32_t status;
+  std::memcpy(&status, &wc->status, sizeof status);
+  const int took = status == layout::kSrqInlineStatus ? core->take_srq_inline(cq->info.ring, h, pos, wc)
+                                                      : core->take_staged(cq->info.ring, h, pos, wc, nullptr);
   return poll_one_done(cq, core, num_entries, wc, h, pos, took);
 }
 
