@@ -659,11 +659,11 @@ std::shared_ptr<PeerMapping> PeerMappings::get(pid_t owner, int memfd, uint64_t 
       ::close(fd);
       return nullptr;
     }
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | (len <= kPopulatePeerMax ? MAP_POPULATE : 0),
-                     fd, 0);
+    const bool populate = len <= kPopulatePeerMax;  // and translate (touch_pages)
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) return nullptr;
-    if (len <= kPopulatePeerMax) touch_pages(p, len);
+    if (populate) touch_pages(p, len);
     auto m = std::make_shared<PeerMapping>();
     m->base = static_cast<uint8_t*>(p);
     m->len = len;
