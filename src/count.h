@@ -120,7 +120,7 @@ void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
   bump(r[layout::kCntRcvPkts], pkts);
   bump(r[layout::kCntRcvBytes], len);
 }
-// send_leaf: an RC/UC SEND or SEND_WITH_IMM of len bytes (at most 16: one
+// send_leaf: an RC/UC SEND or SEND_WITH_IMM of len bytes (at most 64: one
 // packet at any MTU) received by the target; sent_rc's and recv_done's
 // counts into the groups l (fast_groups(qp), not nullptr).
 [[gnu::always_inline]] inline void sent_small_send(Qp* qp, std::atomic<uint64_t>* l, uint64_t len) noexcept {
@@ -131,6 +131,13 @@ void sent_rc_slow(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept;
   bump(r[layout::kCntRcvPkts], 1);
   bump(r[layout::kCntRcvBytes], len);
   bump(r[layout::kCntRdmaRecvs], 1);
+}
+// send_leaf: an RC/UC SEND or SEND_WITH_IMM of len bytes (any length)
+// received by the target; sent_rc's and recv_done's counts into the groups l
+// (fast_groups(qp), not nullptr).
+[[gnu::always_inline]] inline void sent_send(Qp* qp, std::atomic<uint64_t>* l, uint32_t op, uint64_t len) noexcept {
+  sent_rc_groups(qp, l, op, len);
+  bump(qp->cnt.fast_remote[layout::kCntRdmaRecvs], 1);
 }
 inline void sent_rc(CounterSink& k, Qp* qp, uint32_t op, uint64_t len) noexcept {
   std::atomic<uint64_t>* l = fast_groups(qp);

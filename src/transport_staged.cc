@@ -265,10 +265,11 @@ LocalContext::Deliver LocalContext::deliver_staged(Qp* qp, Peer& peer, layout::Q
 }
 
 
-// send_leaf's largest message: up to 16 bytes travel in the completion
-// (kStagedInline), 17 to 64 go into the receive buffer before it
-// (kStagedInPlace), as deliver_staged puts them.
-constexpr uint32_t kSendLeafMaxBytes = 64;
+// send_leaf's messages: up to 16 bytes travel in the completion
+// (kStagedInline), 17 up to kMoveInPushBytes go into the receive buffer
+// inside the push (kStagedInPlace), as deliver_staged puts them; larger
+// ones take deliver_staged's way (their bytes move before the push).
+constexpr uint32_t kSendLeafMaxBytes = kMoveInPushBytes;
 constexpr uint32_t kSendLeafInlineBytes = 16;
 
 // ibv_post_send's cheapest SEND, tried before anything else (the provider's
@@ -291,7 +292,7 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
 // bytes are loaded into registers (load_small) and go into that completion
 // without a buffer; no Exec or Deliver answers, no status out-parameter.
 // send_leaf_locked's rest, for the bytes in the completion (up to 16) or in
-// the buffer (kInPlace: 17 to 64).
+// the buffer (kInPlace: 17 to kSendLeafMaxBytes).
 template <bool kInPlace>
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_staged(Qp* qp, const ibv_send_wr& wr,
                                                                                 const void* src, uint32_t len,
@@ -356,7 +357,12 @@ template <bool kInPlace>
     // (so a push that finds no slot has written nothing), published with
     // the completion. A push that falls back after this has written them;
     // deliver_staged writes them again, the same ones.
-    if constexpr (!inl) copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
+    if constexpr (!inl) {
+      if (len <= 64)
+        copy_17_to_64(dst, static_cast<const uint8_t*>(src), len);
+      else
+        move_one(dst, src, len, false);  // move_out's one-buffer move (push_staged: up to kMoveInPushBytes)
+    }
     const bool imm = wr.opcode == IBV_WR_SEND_WITH_IMM;
     const uint64_t slid = static_cast<uint16_t>(qp->tgt.slid);
     const auto put = [d](int i, uint64_t w) __attribute__((always_inline)) { std::memcpy(d + 8 * i, &w, 8); };
@@ -385,7 +391,10 @@ template <bool kInPlace>
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done).
   if (std::atomic<uint64_t>* l = count::fast_groups(qp)) [[likely]] {
-    count::sent_small_send(qp, l, len);
+    if (inl || len <= 64)
+      count::sent_small_send(qp, l, len);  // one packet at any MTU
+    else
+      count::sent_send(qp, l, wr.opcode, len);
   } else {
     count::sent_rc(cnt_, qp, wr.opcode, len);
     count::recv_done(cnt_, qp, t, peer.device);
@@ -405,7 +414,7 @@ template <bool kInPlace>
   uint32_t len;
   const void* src = leaf_source(qp, wr, &len, kSendLeafMaxBytes);
   if (!src) return Leaf::kNotHandled;
-  // 17 to 64 bytes out of line: the common small SEND pays one compare.
+  // 17 bytes and up out of line: the common small SEND pays one compare.
   if (len > kSendLeafInlineBytes) [[unlikely]]
     return send_leaf_in_place(qp, wr, src, len, tail);
   return send_leaf_staged<false>(qp, wr, src, len, tail);

@@ -16,7 +16,8 @@
 // destroying its QPs and waits to be killed.
 //
 // Traffic (RC path MTU 4096; payload bytes):
-//   RC SEND 10 x 100 B (1 packet each), 5 x 10000 B (3 packets each);
+//   RC SEND 10 x 100 B (1 packet each), 5 x 10000 B (3 packets each; the
+//   first two of two SGEs);
 //   RC RDMA WRITE 4 x 1000 B (1 packet), 3 x 9000 B (3 packets);
 //   RC RDMA READ 2 x 5000 B (1-packet request, 2 response packets);
 //   UD SEND 6 x 200 B: 3 delivered, 2 with no receive posted, 1 wrong Q_Key;
@@ -116,6 +117,10 @@ struct Objects {
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
   ibv_cq* cq = nullptr;
+  // The first RC QP's sends complete alone into scq, so its single SENDs
+  // and WRITEs take the provider's shortest paths (a send CQ with one
+  // producer), the rest the general one; both count.
+  ibv_cq* scq = nullptr;
   ibv_qp *rc = nullptr, *rc2 = nullptr, *ud = nullptr;
   ibv_mr* mr = nullptr;
   std::vector<uint8_t> buf;
@@ -125,12 +130,21 @@ struct Objects {
     REQUIRE(ctx, "cannot open %s", dev.c_str());
     pd = ibv_alloc_pd(ctx);
     cq = pd ? ibv_create_cq(ctx, 256, nullptr, nullptr, 0) : nullptr;
-    REQUIRE(cq, "pd/cq: %s", std::strerror(errno));
+    scq = cq ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
+    REQUIRE(scq, "pd/cq: %s", std::strerror(errno));
     buf.assign(kBuf, 0x5a);
     mr = ibv_reg_mr(pd, buf.data(), buf.size(),
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     REQUIRE(mr, "reg_mr: %s", std::strerror(errno));
-    rc = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = scq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 64;
+    ia.cap.max_recv_wr = 32;
+    ia.cap.max_send_sge = 2;
+    ia.cap.max_recv_sge = 1;
+    rc = ibv_create_qp(pd, &ia);
     rc2 = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
     ud = harness::create_qp(pd, cq, IBV_QPT_UD, 64, 32);
     REQUIRE(rc && rc2 && ud, "create_qp: %s", std::strerror(errno));
@@ -141,6 +155,7 @@ struct Objects {
   }
   void close() {
     ibv_dereg_mr(mr);
+    ibv_destroy_cq(scq);
     ibv_destroy_cq(cq);
     ibv_dealloc_pd(pd);
     ibv_close_device(ctx);
@@ -154,9 +169,9 @@ struct Objects {
     wr.num_sge = 1;
     REQUIRE(!ibv_post_recv(qp, &wr, &bad), "post_recv: %s", std::strerror(errno));
   }
-  ibv_wc poll() {
+  ibv_wc poll(ibv_cq* from = nullptr) {
     ibv_wc wc{};
-    REQUIRE(harness::poll_one(cq, &wc, 10000), "no completion within 10 s");
+    REQUIRE(harness::poll_one(from ? from : cq, &wc, 10000), "no completion within 10 s");
     return wc;
   }
 };
@@ -221,7 +236,7 @@ int server(const std::string& dev, uint32_t port) {
     wr.wr.rdma.remote_addr = c.addr;
     wr.wr.rdma.rkey = c.rkey;
     REQUIRE(!ibv_post_send(o.rc, &wr, &bad), "server post_send: %s", std::strerror(errno));
-    ibv_wc wc = o.poll();
+    ibv_wc wc = o.poll(o.scq);
     REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7, "server WRITE: %s", harness::wc_str(wc).c_str());
   }
   send_line(ctl, "recvd");
@@ -254,22 +269,23 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   REQUIRE(read_line(ctl) == "ready", "expected 'ready'");
 
   uint64_t id = 0;
-  auto post = [&](ibv_qp* qp, ibv_wr_opcode op, uint32_t len, uint64_t roff) {
-    ibv_sge sg = o.sge(0, len);
+  auto post = [&](ibv_qp* qp, ibv_wr_opcode op, uint32_t len, uint64_t roff, bool two_sges = false) {
+    ibv_sge sg[2] = {o.sge(0, len), o.sge(len / 2, len - len / 2)};
+    if (two_sges) sg[0].length = len / 2;
     ibv_send_wr wr{}, *bad = nullptr;
     wr.wr_id = ++id;
     wr.opcode = op;
-    wr.sg_list = &sg;
-    wr.num_sge = 1;
+    wr.sg_list = sg;
+    wr.num_sge = two_sges ? 2 : 1;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = s.addr + roff;
     wr.wr.rdma.rkey = s.rkey;
     REQUIRE(!ibv_post_send(qp, &wr, &bad), "post_send op %d: %s", op, std::strerror(errno));
-    ibv_wc wc = o.poll();
+    ibv_wc wc = o.poll(qp == o.rc ? o.scq : o.cq);
     REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "op %d len %u: %s", op, len, harness::wc_str(wc).c_str());
   };
   for (int i = 0; i < 10; ++i) post(o.rc, IBV_WR_SEND, 100, 0);
-  for (int i = 0; i < 5; ++i) post(o.rc, IBV_WR_SEND, 10000, 0);
+  for (int i = 0; i < 5; ++i) post(o.rc, IBV_WR_SEND, 10000, 0, i < 2);
   for (int i = 0; i < 4; ++i) post(o.rc, IBV_WR_RDMA_WRITE, 1000, 512 * 1024);
   for (int i = 0; i < 3; ++i) post(o.rc, IBV_WR_RDMA_WRITE, 9000, 512 * 1024);
   for (int i = 0; i < 2; ++i) post(o.rc, IBV_WR_RDMA_READ, 5000, 512 * 1024);
