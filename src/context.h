@@ -399,6 +399,8 @@ class LocalContext {
   // write_leaf's WRITE of more than 16 bytes (a memmove), out of line.
   [[gnu::noinline]] int write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, const void* src,
                                          uint32_t len) noexcept;
+  // A single RDMA READ of an RC QP (transport_post.cc).
+  [[gnu::noinline]] int read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
@@ -436,8 +438,16 @@ class LocalContext {
       return nullptr;
     return reinterpret_cast<const void*>(m.addr + off);
   }
+  // fast_source for a READ's destination, whose MR must grant local write
+  // too (execute_fast_in's check).
+  [[gnu::always_inline]] void* fast_dest(const Qp* qp, const ibv_sge& g, uint64_t len) const noexcept {
+    const void* p = fast_source(qp, g, len);
+    if (!p || !(mrs_[layout::key_index(g.lkey)].access & kAccessLocalWrite)) return nullptr;
+    return const_cast<void*>(p);
+  }
   template <bool kLarge>
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
+  Leaf read_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst, uint32_t len) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   template <bool kInPlace>
   [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
@@ -718,6 +728,8 @@ class LocalContext {
   // peer's MR `rkey` from the rkey cache's one-word tag, or nullptr
   // (remote_hit or resolve_remote decide). transport_internal.h.
   static uint8_t* remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr, uint64_t len) noexcept;
+  static const uint8_t* remote_read_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
+                                        uint64_t len) noexcept;
   // The SEND leaves' receive buffer: the local address of [addr, addr + len)
   // in the peer's MR `lkey`, a receive buffer of a QP of PD pd, from the
   // receive key cache's one-word tag, or nullptr (remote_hit decides).

@@ -254,6 +254,9 @@ struct Qp {
     // (else kNoWritePd): half of the one word RemoteKeyCache::wtag is
     // compared with.
     uint32_t wpd = kNoWritePd;
+    // The same for a READ (RemoteKeyCache::rtag): the PD when the entry
+    // grants remote read, else kNoWritePd.
+    uint32_t rpd = kNoWritePd;
     // Our port's LID, the slid of the receive completions we make (the
     // port is fixed while this cache is: modify_qp empties it).
     uint32_t slid = 0;
@@ -311,7 +314,10 @@ struct Qp {
     // target is this process, or the MR lies wholly inside `map`). Else
     // kNoWriteTag (its low half matches no TargetCache::wpd).
     uint64_t wtag = kNoWriteTag;
-    uint8_t* wbase = nullptr;
+    // A READ's hit (remote_read_hit), in the rkey cache: the same word,
+    // set under the same conditions for an MR that grants remote read.
+    uint64_t rtag = kNoWriteTag;
+    uint8_t* wbase = nullptr;  // for either tag
   };
 
   // One for rkeys (WRITE/READ/atomic targets), one for the lkeys of the

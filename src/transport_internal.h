@@ -142,6 +142,7 @@ inline bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_
 // out: not READ, atomics or local operations, whose SGEs the caller passes
 // as num_sge 0), an atomic's one 8-byte SGE, max_msg_sz (2^31). 0 with the
 // total length and whether the bytes go inline, or EINVAL.
+inline constexpr uint32_t kMaxMsgBytes = 1u << 31;  // max_msg_sz (the provider's query_device)
 inline int check_send_shape(const QpCaps& caps, uint32_t op, uint32_t num_sge, const ibv_sge* sg, uint32_t flags,
                             uint64_t* total, bool* inl) noexcept {
   if (num_sge > caps.max_send_sge || (num_sge && !sg)) return EINVAL;
@@ -152,7 +153,7 @@ inline int check_send_shape(const QpCaps& caps, uint32_t op, uint32_t num_sge, c
   const bool in = (flags & IBV_SEND_INLINE) && !atomic && op != IBV_WR_RDMA_READ && !is_local_op(op);
   if (in && t > caps.max_inline_data) return EINVAL;
   if (atomic && (num_sge != 1 || sg[0].length != 8)) return EINVAL;
-  if (t > (uint64_t{1} << 31)) return EINVAL;  // max_msg_sz
+  if (t > kMaxMsgBytes) return EINVAL;  // max_msg_sz
   *total = t;
   *inl = in;
   return 0;
@@ -240,16 +241,16 @@ inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, boo
   return true;
 }
 
-// A one-word hit of key cache rc (Qp::RemoteKeyCache::wtag, armed by
-// arm_write_hit): the cache names this peer and its tag is `tag`, which
-// says the key, the PD and everything arm_write_hit checked of the
+// A one-word hit of key cache rc (armed, Qp::RemoteKeyCache::wtag or
+// rtag, by arm_write_hit): the cache names this peer and that tag is `tag`,
+// which says the key, the PD and everything arm_write_hit checked of the
 // snapshot; then, as remote_hit, the entry is live with the seqlock value
 // of the snapshot (another process writes it), and the range is inside the
 // MR (iova + length does not wrap: arm_write_hit). The local address of
 // addr, or nullptr.
-[[gnu::always_inline]] inline uint8_t* one_word_hit(const Qp::RemoteKeyCache& rc, const Peer& peer, uint64_t tag,
-                                                    uint64_t addr, uint64_t len) noexcept {
-  if (rc.peer_stamp != peer.stamp || rc.wtag != tag) return nullptr;
+[[gnu::always_inline]] inline uint8_t* one_word_hit(const Qp::RemoteKeyCache& rc, uint64_t armed, const Peer& peer,
+                                                    uint64_t tag, uint64_t addr, uint64_t len) noexcept {
+  if (rc.peer_stamp != peer.stamp || armed != tag) return nullptr;
   auto* e = static_cast<layout::MrEntry*>(const_cast<void*>(rc.entry));
   if (e->state.load(std::memory_order_acquire) != layout::kLive ||  // A1 pairs with R1
       std::atomic_ref<uint32_t>(e->generation).load(std::memory_order_acquire) != rc.gen)
@@ -263,7 +264,14 @@ inline bool LocalContext::remote_hit(Qp* qp, const Peer& peer, uint32_t key, boo
 // (TargetCache::wpd, kNoWritePd when the QP does not grant remote write).
 inline uint8_t* LocalContext::remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
                                                uint64_t len) noexcept {
-  return one_word_hit(qp->rkey_cache, peer, uint64_t{rkey} << 32 | qp->tgt.wpd, addr, len);
+  return one_word_hit(qp->rkey_cache, qp->rkey_cache.wtag, peer, uint64_t{rkey} << 32 | qp->tgt.wpd, addr, len);
+}
+
+// A READ's (read_leaf): the rkey cache's read tag against the target QP's
+// PD as we cached it for reads (TargetCache::rpd).
+inline const uint8_t* LocalContext::remote_read_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
+                                                    uint64_t len) noexcept {
+  return one_word_hit(qp->rkey_cache, qp->rkey_cache.rtag, peer, uint64_t{rkey} << 32 | qp->tgt.rpd, addr, len);
 }
 
 // A receive buffer's (the SEND leaves): the receive key cache's tag says
@@ -275,7 +283,7 @@ inline uint8_t* LocalContext::recv_write_hit(const Qp* qp, const Peer& peer, uin
   // (A pd of kNoWritePd or above, which the peer may have written, could
   // match an unarmed tag, kNoWriteTag.)
   if (pd >= Qp::kNoWritePd) return nullptr;
-  return one_word_hit(qp->recv_key_cache, peer, uint64_t{lkey} << 32 | pd, addr, len);
+  return one_word_hit(qp->recv_key_cache, qp->recv_key_cache.wtag, peer, uint64_t{lkey} << 32 | pd, addr, len);
 }
 
 // The local address of byte addr of the MR whose snapshot rc holds, or
@@ -299,13 +307,15 @@ inline uint8_t* LocalContext::recv_write_hit(const Qp* qp, const Peer& peer, uin
 }
 
 inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept {
-  rc.wtag = Qp::kNoWriteTag;
+  rc.wtag = rc.rtag = Qp::kNoWriteTag;
   rc.wbase = nullptr;
   const Qp::MrSnapshot& sn = rc.snap;
   if (!rc.entry || rc.peer_stamp != peer.stamp || sn.kind != layout::kKindMr || sn.key != rc.key) return;
-  // The rkey cache: a WRITE's target; the other: a SEND's receive buffer.
+  // The rkey cache: a WRITE's target (wtag) and a READ's source (rtag); the
+  // other: a SEND's receive buffer (wtag).
   const uint32_t need = rc.rkey ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_LOCAL_WRITE;
-  if (!(sn.access & need) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
+  const bool read = rc.rkey && (sn.access & IBV_ACCESS_REMOTE_READ);
+  if ((!(sn.access & need) && !read) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
   if (sn.iova + sn.length < sn.iova) return;  // a range that wraps
   uint8_t* base;
   if (peer.self_process) {
@@ -318,7 +328,9 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
     base = rc.map->base + (sn.host - sn.map_start);
   }
   rc.wbase = base;
-  rc.wtag = uint64_t{rc.key} << 32 | sn.pd;
+  const uint64_t tag = uint64_t{rc.key} << 32 | sn.pd;
+  if (sn.access & need) rc.wtag = tag;
+  if (read) rc.rtag = tag;
 }
 
 // What the SEND leaves (send_leaf, srq_send_leaf) require of qp's send
@@ -337,17 +349,17 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   return qp->send_local && qp->send_local->peek_single(&pos);
 }
 
-// A leaf's (write_leaf, send_leaf, srq_send_leaf) signaled success, WQE
-// tail of qp, into the slot its check looked at (peek_single: one producer,
+// A leaf's (write_leaf, read_leaf, send_leaf, srq_send_leaf) signaled
+// success, WQE tail of qp (byte_len: a READ's length, as complete_send), into the slot its check looked at (peek_single: one producer,
 // under our sq_lock, so still the one at the FIFO's tail, still free). No
 // fence (complete_send, local_cq.h); a success qualifies for a
 // next-completion arming only: kArmed, and the caller fires it (leaf_declined).
 [[gnu::always_inline]] inline LocalContext::Leaf leaf_complete(Qp* qp, uint64_t wr_id, uint32_t wc_opcode,
-                                                               uint32_t tail) noexcept {
+                                                               uint32_t tail, uint32_t byte_len = 0) noexcept {
   LocalCq* l = qp->send_local;
   uint32_t pos;
   LocalCqSlot* s = l->claim_single(&pos);
-  LocalCq::fill(s, wr_id, IBV_WC_SUCCESS, wc_opcode, 0, qp->qpn);
+  LocalCq::fill(s, wr_id, IBV_WC_SUCCESS, wc_opcode, byte_len, qp->qpn);
   l->publish(s, pos);
   qp->sq_retire = tail + 1;
   std::atomic_signal_fence(std::memory_order_seq_cst);

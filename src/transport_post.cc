@@ -145,8 +145,9 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
     return nullptr;
   const uint32_t access = t->access, pd = t->pd_index;
   const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
+  const uint32_t rpd = (access & IBV_ACCESS_REMOTE_READ) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
   const uint32_t slid = registry_.device().ports[std::max<uint32_t>(qp->attr.port_num, 1) - 1].lid;
-  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, slid};
+  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, rpd, slid};
   // The SEND leaf: send_leaf for a target without an SRQ whose SENDs stage,
   // srq_send_leaf for one with an SRQ; none on a RoCE path.
   const bool srq = t->srq_index != layout::kNoIndex;
@@ -307,7 +308,7 @@ int LocalContext::write_fast_slow(Qp* qp, const Peer& peer, const ibv_send_wr& w
     if (!sg) return EINVAL;
     total = sg->length;
     inl = wr.send_flags & IBV_SEND_INLINE;
-    if (total > (inl ? uint64_t{qp->caps.max_inline_data} : uint64_t{1} << 31)) return EINVAL;  // max_msg_sz: 2^31
+    if (total > (inl ? uint64_t{qp->caps.max_inline_data} : uint64_t{kMaxMsgBytes})) return EINVAL;  // max_msg_sz
     fast = true;
   } else {
     // IBV_WR_RDMA_WRITE .. IBV_WR_SEND_WITH_IMM (0-3) on RC and UC; READ and
@@ -452,7 +453,7 @@ int LocalContext::write_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noex
   // the application has them, or the SGE checked against our MR table as
   // execute_fast checks it.
   uint32_t len;
-  const void* src = leaf_source(qp, *wr, &len, std::numeric_limits<uint32_t>::max() - 1);  // 1 byte and up
+  const void* src = leaf_source(qp, *wr, &len, kMaxMsgBytes);  // 1 byte to max_msg_sz
   if (!src) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
   // More than 16 bytes out of line: the common small WRITE calls nothing.
   if (len > 16) [[unlikely]]
@@ -465,6 +466,51 @@ int LocalContext::write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr
                                    uint32_t len) noexcept {
   return run_leaf(qp, wr, bad_wr,
                   [&]() __attribute__((always_inline)) { return write_leaf_locked<true>(qp, *wr, src, len); });
+}
+
+// ibv_post_send's cheapest READ, tried before anything else (the provider's
+// post_send): one RDMA READ of 1 byte to max_msg_sz on an RC QP into one SGE
+// of ours that our MR table answers with local write (fast_dest:
+// execute_fast_in's check), from a range of an MR the QP's rkey cache
+// answers in one word for reading (remote_read_hit: granting remote read,
+// in the PD of a target QP that grants remote read, reachable here as a
+// whole), with write_leaf's queue, target and completion conditions. It
+// does what post_fast_in and execute_fast_in do for it, in the same order
+// (the bytes, the counters, the queue, the completion with the READ's
+// length), and declines before changing anything otherwise (kNotHandled:
+// post_send_list takes the WR, as before).
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::read_leaf_locked(Qp* qp, const ibv_send_wr& wr,
+                                                                               void* dst, uint32_t len) noexcept {
+  const uint32_t tail = qp->sq_tail;
+  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
+    return Leaf::kNotHandled;
+  const Peer* pp = qp->peer.get();
+  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
+  if (!cached_target(qp, *pp) || !count::fast_groups(qp)) return Leaf::kNotHandled;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
+  const uint8_t* src = remote_read_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
+  if (!src) return Leaf::kNotHandled;
+  // execute_fast_in's copy: up to 16 bytes with every load before any
+  // store, longer ones a memmove (both ends may be in one MR of ours).
+  move_one(dst, src, len, false);
+  count::sent_rc_in(cnt_, qp, IBV_WR_RDMA_READ, len);  // counters: request, response
+  qp->sq_tail = qp->sq_exec = tail + 1;
+  if (!signaled) return Leaf::kDone;
+  return leaf_complete(qp, wr.wr_id, IBV_WC_RDMA_READ, tail, len);  // complete_send's success
+}
+
+int LocalContext::read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  // post_send's shape checks for this one shape (a WR that fails one is
+  // declined, and post_send reports it): one SGE of 1 byte to max_msg_sz
+  // (inline does not apply to a READ: check_send_shape), RC.
+  const ibv_sge* g = wr->sg_list;
+  void* dst = nullptr;
+  if (wr->num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
+    dst = fast_dest(qp, *g, g->length);
+  if (!dst) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  const uint32_t len = g->length;
+  return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, *wr, dst, len); });
 }
 
 // What a leaf did not finish: its WR completed into a send CQ armed for the

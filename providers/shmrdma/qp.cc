@@ -160,6 +160,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
       if (!off) return core->send_leaf(qp, wr, bad_wr);
       if (off == Qp::kLeafSrq) return core->srq_send_leaf(qp, wr, bad_wr);
     }
+    if (wr->opcode == IBV_WR_RDMA_READ && !(off & Qp::kLeafQueued)) return core->read_leaf(qp, wr, bad_wr);
   }
   return core->post_send_list(qp, wr, bad_wr, general_post, ibqp);
 }

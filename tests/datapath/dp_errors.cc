@@ -1179,6 +1179,70 @@ TEST_F(Errors, WarmReadIntoMrWithoutLocalWriteOrOutsideTheMrFails) {
   }
 }
 
+// A change of the target QP's access after a READ that passed applies to
+// the very next one (the READ's own fast path keeps the target's access for
+// reads apart from its access for writes).
+TEST_F(Errors, TargetAccessChangedAfterAReadIsEnforced) {
+  Pair p;
+  make_pair(&p);
+  ASSERT_TRUE(read_ok(p, 77, 0, 0, 64)) << "first READ";
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_EQ(ibv_modify_qp(p.b, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS), 0);
+  std::memset(p.bbuf, 0x5a, 64);
+  std::memset(p.abuf, 0, 64);
+  ibv_sge s = p.a_sge(0, 64);
+  expect_status(p, IBV_WR_RDMA_READ, &s, 1, p.b_addr(), p.bmr->rkey, IBV_WC_REM_ACCESS_ERR,
+                "READ after REMOTE_READ was removed from the target QP, once a READ had passed");
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.abuf[i], 0) << "the READ changed byte " << i;
+}
+
+// A key that answered one kind of access answers no other that its MR or
+// the target QP does not grant: a WRITE that passed (twice: the second finds
+// the key and the target cached), then a READ, where the MR or the QP lacks
+// REMOTE_READ; a READ, then a WRITE, where they lack REMOTE_WRITE.
+TEST_F(Errors, AWarmKeyAnswersOnlyTheAccessTheMrAndTheQpGrant) {
+  constexpr int kLw = IBV_ACCESS_LOCAL_WRITE;
+  struct Case {
+    int qp_access, mr_access;
+    ibv_wr_opcode first, then;
+    const char* what;
+  } cases[] = {
+      {kAllAccess, kLw | IBV_ACCESS_REMOTE_WRITE, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ,
+       "READ from an MR without REMOTE_READ, after a WRITE into it"},
+      {kAllAccess, kLw | IBV_ACCESS_REMOTE_READ, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
+       "WRITE into an MR without REMOTE_WRITE, after a READ from it"},
+      {kLw | IBV_ACCESS_REMOTE_WRITE, kAllAccess, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ,
+       "READ through a QP without REMOTE_READ, after a WRITE through it"},
+      {kLw | IBV_ACCESS_REMOTE_READ, kAllAccess, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
+       "WRITE through a QP without REMOTE_WRITE, after a READ through it"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    PairOpts o;
+    o.b_qp_access = c.qp_access;
+    o.b_mr_access = c.mr_access;
+    Pair p;
+    make_pair(&p, o);
+    for (uint64_t id = 1; id <= 2; ++id) {
+      ibv_sge s = p.a_sge(0, 64);
+      ASSERT_EQ(post(p.a, c.first, id, &s, 1, p.b_addr(), p.bmr->rkey), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "no completion within 5 s";
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    }
+    std::memset(p.abuf, 0xa5, 64);
+    std::memset(p.bbuf, 0x5a, 64);
+    ibv_sge s = p.a_sge(0, 64);
+    expect_status(p, c.then, &s, 1, p.b_addr(), p.bmr->rkey, IBV_WC_REM_ACCESS_ERR, c.what);
+    for (size_t i = 0; i < 64; ++i) {
+      ASSERT_EQ(p.abuf[i], 0xa5) << c.what << " changed local byte " << i;
+      ASSERT_EQ(p.bbuf[i], 0x5a) << c.what << " changed target byte " << i;
+    }
+  }
+}
+
 TEST_F(Errors, WarmAtomicsAreExactAndMisalignedOrOutsideFail) {
   {
     Pair p;
