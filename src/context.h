@@ -453,7 +453,9 @@ class LocalContext {
   [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
   [[gnu::noinline]] Leaf send_leaf_in_place(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len,
                                             uint32_t tail) noexcept;
+  template <bool kLarge>
   Leaf srq_send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf srq_send_leaf_large(Qp* qp, const ibv_send_wr& wr) noexcept;
   // A leaf's source (write_leaf, send_leaf, srq_send_leaf): the inline
   // bytes or the SGE (fast_source), when the WR has the shape they all take
   // (one SGE of 1 to max_len bytes, RC or UC, inline within

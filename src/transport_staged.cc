@@ -114,12 +114,6 @@ bool LocalContext::stage_in_place(Qp* qp, Peer& peer, layout::QpEntry* t, const 
   return move_out(peer.pid, direct, local, nlocal, remote, nremote, false) == 0;
 }
 
-// deliver_staged's largest move inside the push of its completion
-// (push_staged): the CQ slot stays reserved and unpublished for at most
-// that copy, ~2.5 us here. Above it the copy's drain is a few hundredths of
-// a percent of the message and the bytes move first, as before.
-constexpr uint64_t kMoveInPushBytes = 256 * 1024;
-
 // deliver_staged's CQE sc into t's receive CQ ce, then the promise of
 // position sc.pos, and the take record (v) ends. move() moves the message's
 // bytes into the WQE's buffer (or does nothing): inside the push, once its

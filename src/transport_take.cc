@@ -518,18 +518,22 @@ void LocalContext::push_xrc_recv_cqe(HomeDevice* dev, uint32_t srqn, const layou
 
 namespace {
 
-// srq_send_leaf's largest message: UCX's active messages carry a 9-byte
-// header (the AM id and 8 header bytes), so an 8-byte Open MPI message
-// over UCX is 17 bytes; 64 covers the short ones (one packet at any MTU).
+// srq_send_leaf's largest message in two inline SGEs: UCX's active
+// messages carry a 9-byte header (the AM id and 8 header bytes), so an
+// 8-byte Open MPI message over UCX is 17 bytes; 64 covers the short ones
+// (one packet at any MTU). From one SGE (UCX's bcopy sends, up to its
+// segment size, 8 KiB by default) up to kMoveInPushBytes: its bytes move
+// inside the push, as deliver moves them.
 constexpr uint32_t kSrqLeafMaxBytes = 64;
-static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
+static_assert(kSrqLeafMaxBytes <= 64);  // gathered, copy_upto64
+constexpr uint32_t kSrqLeafMaxOneSge = kMoveInPushBytes;
 
 }  // namespace
 
 // ibv_post_send's cheapest SEND into a QP with an SRQ (the provider's
 // post_send, when check_target found the target's SRQ: Qp::kLeafSrq): one
-// SEND or SEND_WITH_IMM of 1 to kSrqLeafMaxBytes on an RC or UC QP, from one
-// SGE or inline bytes in two (UCX's active messages: its header, then the
+// SEND or SEND_WITH_IMM on an RC or UC QP, of 1 to kSrqLeafMaxOneSge bytes
+// from one SGE or of 1 to kSrqLeafMaxBytes as inline bytes in two (UCX's active messages: its header, then the
 // payload), with every cache answering: the target entry, the
 // SRQ's ring and the receive buffer's key; its queue empty, no RNR back-off,
 // and its send CQ's FIFO with one producer and room. It does what post_send,
@@ -552,24 +556,35 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
 // that succeeds: the owner writes a slot only once it was claimed and
 // released.) After the claim it declines only where deliver returns kBusy
 // (the record or the slot no longer ours), with the same effect.
+//
+// kLarge: the instance for one SGE of more than kSrqLeafMaxBytes (out of
+// line, srq_send_leaf_large), so the common short message pays nothing for
+// it: its bytes move with move_one.
+template <bool kLarge>
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::srq_send_leaf_locked(Qp* qp,
                                                                                    const ibv_send_wr& wr) noexcept {
   const uint32_t tail = qp->sq_tail;
   if (!send_leaf_queue_ready(qp, tail)) return Leaf::kNotHandled;
-  // The bytes (1 to kSrqLeafMaxBytes): one SGE (leaf_source, src), or two
+  // The bytes: one SGE (leaf_source, src; up to kSrqLeafMaxOneSge), or two
   // inline ones (s0, a and s1, b; src nullptr; post_send's checks for them:
   // max_send_sge, max_inline_data), which gather() puts together where they
   // must be one (in fixed-size moves: a memcpy of a run-time size is a call;
   // an empty SGE, which may have no address, moves nothing).
   const ibv_sge* g0 = wr.sg_list;
   uint8_t gathered[kSrqLeafMaxBytes];
-  uint32_t len;
+  uint32_t len = 0;
   const void* src = nullptr;
   const uint8_t *s0 = nullptr, *s1 = nullptr;
   uint32_t a = 0, b = 0;
   if (wr.num_sge == 1) {
-    src = leaf_source(qp, wr, &len, kSrqLeafMaxBytes);
-    if (!src) return Leaf::kNotHandled;
+    src = leaf_source(qp, wr, &len, kLarge ? kSrqLeafMaxOneSge : kSrqLeafMaxBytes);
+    if (!src) {
+      if constexpr (!kLarge)
+        if (len > kSrqLeafMaxBytes) return srq_send_leaf_large(qp, wr);  // (len: set when the shape passed)
+      return Leaf::kNotHandled;
+    }
+  } else if (kLarge) {
+    return Leaf::kNotHandled;
   } else if (wr.num_sge == 2 && g0 && (wr.send_flags & IBV_SEND_INLINE) && qp->caps.max_send_sge >= 2 &&
              (qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_UC)) {
     a = g0[0].length;
@@ -625,7 +640,8 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
   // go into the buffer, which must be ours to write with memcpy.
   const uint32_t op = wr.opcode;
   const bool imm = op == IBV_WR_SEND_WITH_IMM;
-  const bool inl = staged_send_ && len <= (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData) &&
+  const bool inl = !kLarge && staged_send_ &&
+                   len <= (imm ? layout::kSrqInlineMaxDataImm : layout::kSrqInlineMaxData) &&
                    !(ce->flags & layout::kCqTimestamp);
   // Bytes that travel in the completion are read from one place: two
   // inline SGEs are put together now, long before they are read (a read
@@ -762,8 +778,11 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
     }
     // 1 to 64 bytes without a call: copy_upto64 loads everything before it
     // stores, so an overlap (a loopback send out of its own receive buffer)
-    // is fine too.
-    copy_upto64(dst, from, len);
+    // is fine too; more with move_one (a memmove).
+    if constexpr (kLarge)
+      move_one(dst, from, len, false);
+    else
+      copy_upto64(dst, from, len);
   };
   if (take_complete_begin(t, taken)) {
     // (Its CQE is a success: an armed CQ fires for it if it is solicited.)
@@ -800,14 +819,22 @@ static_assert(kSrqLeafMaxBytes <= 64);  // put_bytes: copy_upto64
   }
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done; fast_groups answered above).
-  count::sent_small_send(qp, count::fast_groups(qp), len);
+  if constexpr (kLarge)
+    count::sent_send(qp, count::fast_groups(qp), wr.opcode, len);
+  else
+    count::sent_small_send(qp, count::fast_groups(qp), len);  // one packet at any MTU
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!signaled) return Leaf::kDone;
   return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
 }
 
 int LocalContext::srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return srq_send_leaf_locked(qp, *wr); });
+  return run_leaf(qp, wr, bad_wr,
+                  [&]() __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, *wr); });
+}
+
+LocalContext::Leaf LocalContext::srq_send_leaf_large(Qp* qp, const ibv_send_wr& wr) noexcept {
+  return srq_send_leaf_locked<true>(qp, wr);
 }
 
 }  // namespace shmrdma

@@ -22,7 +22,9 @@
 //   RC RDMA READ 2 x 5000 B (1-packet request, 2 response packets);
 //   UD SEND 6 x 200 B: 3 delivered, 2 with no receive posted, 1 wrong Q_Key;
 //   RC SEND 100 B on a second QP with no receive and rnr_retry 0: one RNR
-//   NAK, then IBV_WC_RNR_RETRY_EXC_ERR.
+//   NAK, then IBV_WC_RNR_RETRY_EXC_ERR;
+//   RC SEND 3 x 10000 B (3 packets each; the last of two SGEs) into a third
+//   QP, whose receives come from an SRQ.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
@@ -50,10 +52,10 @@ using harness::die;
 constexpr uint32_t kQkey = 0x1234567;
 constexpr size_t kBuf = 1u << 20;
 constexpr uint32_t kRecvSlot = 16384;
-constexpr uint32_t kRcRecvs = 15, kUdRecvs = 3;
+constexpr uint32_t kRcRecvs = 15, kUdRecvs = 3, kSrqRecvs = 3;
 
 struct Hello {
-  uint32_t rc = 0, rc2 = 0, ud = 0;
+  uint32_t rc = 0, rc2 = 0, ud = 0, rc3 = 0;
   uint16_t lid = 0, pad = 0;
   uint32_t rkey = 0;
   uint64_t addr = 0;
@@ -121,7 +123,11 @@ struct Objects {
   // and WRITEs take the provider's shortest paths (a send CQ with one
   // producer), the rest the general one; both count.
   ibv_cq* scq = nullptr;
-  ibv_qp *rc = nullptr, *rc2 = nullptr, *ud = nullptr;
+  // The third RC QP receives through srq and its sends complete alone into
+  // scq3.
+  ibv_cq* scq3 = nullptr;
+  ibv_srq* srq = nullptr;
+  ibv_qp *rc = nullptr, *rc2 = nullptr, *ud = nullptr, *rc3 = nullptr;
   ibv_mr* mr = nullptr;
   std::vector<uint8_t> buf;
 
@@ -131,7 +137,13 @@ struct Objects {
     pd = ibv_alloc_pd(ctx);
     cq = pd ? ibv_create_cq(ctx, 256, nullptr, nullptr, 0) : nullptr;
     scq = cq ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
-    REQUIRE(scq, "pd/cq: %s", std::strerror(errno));
+    scq3 = scq ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
+    REQUIRE(scq3, "pd/cq: %s", std::strerror(errno));
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = 8;
+    sa.attr.max_sge = 1;
+    srq = ibv_create_srq(pd, &sa);
+    REQUIRE(srq, "create_srq: %s", std::strerror(errno));
     buf.assign(kBuf, 0x5a);
     mr = ibv_reg_mr(pd, buf.data(), buf.size(),
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
@@ -145,16 +157,21 @@ struct Objects {
     ia.cap.max_send_sge = 2;
     ia.cap.max_recv_sge = 1;
     rc = ibv_create_qp(pd, &ia);
+    ia.send_cq = scq3;
+    ia.srq = srq;
+    rc3 = ibv_create_qp(pd, &ia);
     rc2 = harness::create_qp(pd, cq, IBV_QPT_RC, 64, 32);
     ud = harness::create_qp(pd, cq, IBV_QPT_UD, 64, 32);
-    REQUIRE(rc && rc2 && ud, "create_qp: %s", std::strerror(errno));
+    REQUIRE(rc && rc2 && ud && rc3, "create_qp: %s", std::strerror(errno));
   }
   void destroy_qps() {
-    REQUIRE(!ibv_destroy_qp(rc) && !ibv_destroy_qp(rc2) && !ibv_destroy_qp(ud), "destroy_qp");
-    rc = rc2 = ud = nullptr;
+    REQUIRE(!ibv_destroy_qp(rc) && !ibv_destroy_qp(rc2) && !ibv_destroy_qp(ud) && !ibv_destroy_qp(rc3), "destroy_qp");
+    rc = rc2 = ud = rc3 = nullptr;
   }
   void close() {
     ibv_dereg_mr(mr);
+    ibv_destroy_srq(srq);
+    ibv_destroy_cq(scq3);
     ibv_destroy_cq(scq);
     ibv_destroy_cq(cq);
     ibv_dealloc_pd(pd);
@@ -201,6 +218,7 @@ int server(const std::string& dev, uint32_t port) {
   Hello h;
   h.rc = o.rc->qp_num;
   h.rc2 = o.rc2->qp_num;
+  h.rc3 = o.rc3->qp_num;
   h.ud = o.ud->qp_num;
   h.lid = pa.lid;
   h.rkey = o.mr->rkey;
@@ -210,18 +228,28 @@ int server(const std::string& dev, uint32_t port) {
   REQUIRE(harness::read_all(harness::kCtlFd, &c, sizeof c, 30000), "client hello");
   to_rts(o.rc, port, c.rc, c.lid, 7);
   to_rts(o.rc2, port, c.rc2, c.lid, 7);
+  to_rts(o.rc3, port, c.rc3, c.lid, 7);
   ud_to_rts(o.ud, port);
   for (uint32_t i = 0; i < kRcRecvs; ++i) o.post_recv(o.rc, i, size_t{i} * kRecvSlot);
   for (uint32_t i = 0; i < kUdRecvs; ++i) o.post_recv(o.ud, 100 + i, size_t{kRcRecvs + i} * kRecvSlot);
+  for (uint32_t i = 0; i < kSrqRecvs; ++i) {
+    ibv_sge sg = o.sge(size_t{kRcRecvs + kUdRecvs + i} * kRecvSlot, kRecvSlot);
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 50 + i;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    REQUIRE(!ibv_post_srq_recv(o.srq, &wr, &bad), "post_srq_recv: %s", std::strerror(errno));
+  }
   send_line(ctl, "ready");
   REQUIRE(read_line(ctl) == "sent", "expected 'sent'");
-  uint32_t rc_got = 0, ud_got = 0;
-  while (rc_got + ud_got < kRcRecvs + kUdRecvs) {
+  uint32_t rc_got = 0, ud_got = 0, srq_got = 0;
+  while (rc_got + ud_got + srq_got < kRcRecvs + kUdRecvs + kSrqRecvs) {
     ibv_wc wc = o.poll();
     REQUIRE(wc.status == IBV_WC_SUCCESS, "server completion %s", harness::wc_str(wc).c_str());
-    (wc.wr_id >= 100 ? ud_got : rc_got) += 1;
+    (wc.wr_id >= 100 ? ud_got : wc.wr_id >= 50 ? srq_got : rc_got) += 1;
   }
-  REQUIRE(rc_got == kRcRecvs && ud_got == kUdRecvs, "server got %u RC, %u UD receives", rc_got, ud_got);
+  REQUIRE(rc_got == kRcRecvs && ud_got == kUdRecvs && srq_got == kSrqRecvs, "server got %u RC, %u UD, %u SRQ receives",
+          rc_got, ud_got, srq_got);
   ibv_wc extra{};
   REQUIRE(ibv_poll_cq(o.cq, 1, &extra) == 0, "unexpected completion %s", harness::wc_str(extra).c_str());
   {
@@ -258,6 +286,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   Hello h;
   h.rc = o.rc->qp_num;
   h.rc2 = o.rc2->qp_num;
+  h.rc3 = o.rc3->qp_num;
   h.ud = o.ud->qp_num;
   h.lid = pa.lid;
   h.rkey = o.mr->rkey;
@@ -265,6 +294,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   REQUIRE(harness::write_all(harness::kCtlFd, &h, sizeof h), "hello");
   to_rts(o.rc, port, s.rc, s.lid, 7);
   to_rts(o.rc2, port, s.rc2, s.lid, 0);  // no RNR retries
+  to_rts(o.rc3, port, s.rc3, s.lid, 7);
   ud_to_rts(o.ud, port);
   REQUIRE(read_line(ctl) == "ready", "expected 'ready'");
 
@@ -281,7 +311,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
     wr.wr.rdma.remote_addr = s.addr + roff;
     wr.wr.rdma.rkey = s.rkey;
     REQUIRE(!ibv_post_send(qp, &wr, &bad), "post_send op %d: %s", op, std::strerror(errno));
-    ibv_wc wc = o.poll(qp == o.rc ? o.scq : o.cq);
+    ibv_wc wc = o.poll(qp == o.rc ? o.scq : qp == o.rc3 ? o.scq3 : o.cq);
     REQUIRE(wc.status == IBV_WC_SUCCESS && wc.wr_id == id, "op %d len %u: %s", op, len, harness::wc_str(wc).c_str());
   };
   for (int i = 0; i < 10; ++i) post(o.rc, IBV_WR_SEND, 100, 0);
@@ -289,6 +319,7 @@ int client(const std::string& dev, uint32_t port, const std::string& dir) {
   for (int i = 0; i < 4; ++i) post(o.rc, IBV_WR_RDMA_WRITE, 1000, 512 * 1024);
   for (int i = 0; i < 3; ++i) post(o.rc, IBV_WR_RDMA_WRITE, 9000, 512 * 1024);
   for (int i = 0; i < 2; ++i) post(o.rc, IBV_WR_RDMA_READ, 5000, 512 * 1024);
+  for (int i = 0; i < 3; ++i) post(o.rc3, IBV_WR_SEND, 10000, 0, i == 2);
 
   ibv_ah_attr aa{};
   aa.dlid = s.lid;
@@ -385,15 +416,15 @@ void check_sysfs(const std::string& dev, uint32_t port, const Counts& c) {
 // What the traffic above adds to its port (both processes are on it).
 Counts expected_delta() {
   // SENDs, WRITEs, READ requests + responses, UD; the server's WRITE.
-  const uint64_t pkts = 10 + 15 + 4 + 9 + 2 + 4 + 6 + 1;
-  const uint64_t bytes = 1000 + 50000 + 4000 + 27000 + 0 + 10000 + 1200 + 3000;
+  const uint64_t pkts = 10 + 15 + 4 + 9 + 2 + 4 + 6 + 1 + 9;
+  const uint64_t bytes = 1000 + 50000 + 4000 + 27000 + 0 + 10000 + 1200 + 3000 + 30000;
   return {
       {"counters/port_xmit_packets", pkts},  {"counters/port_rcv_packets", pkts},
       {"counters/unicast_xmit_packets", pkts}, {"counters/unicast_rcv_packets", pkts},
       {"counters/multicast_xmit_packets", 0}, {"counters/multicast_rcv_packets", 0},
       {"hw_counters/sent_pkts", pkts},       {"hw_counters/rcvd_pkts", pkts},
       {"hw_counters/sent_bytes", bytes},     {"hw_counters/rcvd_bytes", bytes},
-      {"hw_counters/rdma_sends", 10 + 5 + 6}, {"hw_counters/rdma_recvs", kRcRecvs + kUdRecvs},
+      {"hw_counters/rdma_sends", 10 + 5 + 6 + 3}, {"hw_counters/rdma_recvs", kRcRecvs + kUdRecvs + kSrqRecvs},
       {"hw_counters/rcvd_ud_dropped", 2},    {"hw_counters/rcvd_ud_invalid", 1},
       {"hw_counters/rcvd_rnr_err", 1},       {"hw_counters/send_rnr_err", 1},
       {"hw_counters/retry_rnr_exceeded_err", 1}, {"hw_counters/retry_exceeded_err", 0},
