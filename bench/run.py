@@ -393,7 +393,7 @@ class Plan:
                  "handoff", ["shmrdma/ib_send_lat/2"])
         self.row("ucxv_put_bw_8", "ucx put_bw 8 B msg rate, rc_verbs over shmrdma (peer: ib_write_bw 8 B)", "rate",
                  v_bw, 8, None, ["shmrdma/ib_write_bw/8"])
-        for size, iters in ((8, n(20000, 5000)), (64 * KiB, n(2000, 500)), (MiB, n(200, 50))):
+        for size, iters in ((8, n(20000, 5000)), (KiB, n(20000, 5000)), (64 * KiB, n(2000, 500)), (MiB, n(200, 50))):
             mu = self.mpi("ucx-rc_v", size, iters)
             mv = self.mpi("vader", size, iters)
             if not mu:
@@ -410,6 +410,11 @@ class Plan:
                 g.append(ms)
                 self.row("mpi_lat_8_ucx_sm", "Open MPI ping-pong 8 B, pml ucx rc_v over shmrdma (peer: pml ucx over "
                          "UCX sm)", "lat", mu, size, "handoff", [ms])
+            elif size == KiB:
+                # A message UCX sends by copy (bcopy, up to its 8 KiB
+                # segments): one SEND of one SGE into the SRQ. No target.
+                self.row("mpi_lat_1k", "Open MPI ping-pong 1 KiB, pml ucx rc_v over shmrdma (peer: vader)", "lat", mu,
+                         size, "handoff", [mv])
             else:
                 self.row(f"mpi_bw_{size}", f"Open MPI stream {sz} BW, pml ucx rc_v over shmrdma (peer: vader)", "bw",
                          mu, size, "memcpy", [mv])
