@@ -395,6 +395,22 @@ int LocalContext::post_one_slow(Qp* qp, ibv_send_wr* wr, int rc, ibv_send_wr** b
   return rc;
 }
 
+namespace {
+
+// What write_leaf and read_leaf require before they look at the access: the
+// send queue at tail empty with room, the QP in RTS, the target's entry as
+// cached (fast_target's hit, without its refresh: check_target) and the
+// counter groups. The peer, or nullptr.
+[[gnu::always_inline]] inline const Peer* one_sided_leaf_peer(const Qp* qp, uint32_t tail) noexcept {
+  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
+    return nullptr;
+  const Peer* pp = qp->peer.get();
+  if (!pp || qp->path_by_gid || !cached_target(qp, *pp) || !count::fast_groups(qp)) return nullptr;
+  return pp;
+}
+
+}  // namespace
+
 // ibv_post_send's cheapest call, tried before anything else: one RDMA WRITE
 // of 1 to 16 bytes on an RC or UC QP whose caches all answer (the target
 // entry, the rkey, the counter groups), its queue empty, its send CQ's FIFO
@@ -420,12 +436,8 @@ template <bool kLarge>
   // what is needed after the move is read again, so the leaf fits the
   // call-clobbered registers.)
   const uint32_t tail = qp->sq_tail;
-  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
-    return Leaf::kNotHandled;
-  // fast_target's hit, without its refresh (check_target).
-  const Peer* pp = qp->peer.get();
-  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
-  if (!cached_target(qp, *pp) || !count::fast_groups(qp)) return Leaf::kNotHandled;
+  const Peer* pp = one_sided_leaf_peer(qp, tail);
+  if (!pp) return Leaf::kNotHandled;
   // The completion's slot must be free (claimed below, once nothing can fail).
   if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
     uint32_t pos;
@@ -482,11 +494,8 @@ int LocalContext::write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::read_leaf_locked(Qp* qp, const ibv_send_wr& wr,
                                                                                void* dst, uint32_t len) noexcept {
   const uint32_t tail = qp->sq_tail;
-  if (qp->sq_exec != tail || tail - qp->sq_retire >= qp->caps.max_send_wr || qp->state() != IBV_QPS_RTS)
-    return Leaf::kNotHandled;
-  const Peer* pp = qp->peer.get();
-  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
-  if (!cached_target(qp, *pp) || !count::fast_groups(qp)) return Leaf::kNotHandled;
+  const Peer* pp = one_sided_leaf_peer(qp, tail);
+  if (!pp) return Leaf::kNotHandled;
   const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
   if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
   const uint8_t* src = remote_read_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
