@@ -599,6 +599,30 @@ class SrqSmall : public Srq {
     ASSERT_EQ(poll_n(cq_, &w, 1), 1);
     ASSERT_EQ(w.status, IBV_WC_SUCCESS) << str(w);
   }
+  // An SRQ of 16 (*s) behind a server QP (*sv) whose CQ is an extended
+  // one with wc_flags (*cqx, the test destroys it after *sv), and a client
+  // (*c) with a send CQ of its own (ccq_), connected; the client's bytes
+  // 32768 + i are 0x40 + i (i < 64).
+  void ex_pair(uint64_t wc_flags, ibv_srq** s, ibv_cq_ex** cqx, ibv_qp** sv, ibv_qp** c) {
+    *s = make_srq(16);
+    ASSERT_NE(*s, nullptr);
+    ibv_cq_init_attr_ex ca{};
+    ca.cqe = 64;
+    ca.wc_flags = wc_flags;
+    *cqx = ibv_create_cq_ex(ctx_, &ca);
+    ASSERT_NE(*cqx, nullptr) << std::strerror(errno);
+    ccq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+    ASSERT_NE(ccq_, nullptr);
+    *sv = make_qp(*s, nullptr, ibv_cq_ex_to_cq(*cqx));
+    ASSERT_NE(*sv, nullptr) << std::strerror(errno);
+    *c = harness::create_qp(pd_, ccq_, IBV_QPT_RC, 64, 16, 2, 64);
+    ASSERT_NE(*c, nullptr) << std::strerror(errno);
+    qps_.push_back(*c);
+    const uint16_t lid = harness::port_lid(ctx_);
+    ASSERT_EQ(connect_qp(*sv, (*c)->qp_num, lid, kAll), 0);
+    ASSERT_EQ(connect_qp(*c, (*sv)->qp_num, lid, kAll), 0);
+    for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x40 + i);
+  }
   void TearDown() override {
     for (auto* q : qps_) ibv_destroy_qp(q);
     qps_.clear();
@@ -962,24 +986,10 @@ TEST_F(SrqSmall, ABufferDeregisteredBeforeThePollIsNotWritten) {
 // SEND's bytes travel in its completion as through ibv_poll_cq: the poll puts
 // them into the buffer, and the completion reads as any receive's.
 TEST_F(SrqSmall, ThroughStartPollASmallSendArrivesWhole) {
-  ibv_srq* s = make_srq(16);
-  ASSERT_NE(s, nullptr);
-  ibv_cq_init_attr_ex ca{};
-  ca.cqe = 64;
-  ca.wc_flags = IBV_WC_STANDARD_FLAGS;
-  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
-  ASSERT_NE(cqx, nullptr) << std::strerror(errno);
-  ccq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
-  ASSERT_NE(ccq_, nullptr);
-  ibv_qp* sv = make_qp(s, nullptr, ibv_cq_ex_to_cq(cqx));
-  ASSERT_NE(sv, nullptr) << std::strerror(errno);
-  ibv_qp* c = harness::create_qp(pd_, ccq_, IBV_QPT_RC, 64, 16, 2, 64);
-  ASSERT_NE(c, nullptr) << std::strerror(errno);
-  qps_.push_back(c);
-  const uint16_t lid = harness::port_lid(ctx_);
-  ASSERT_EQ(connect_qp(sv, c->qp_num, lid, kAll), 0);
-  ASSERT_EQ(connect_qp(c, sv->qp_num, lid, kAll), 0);
-  for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x40 + i);
+  ibv_srq* s = nullptr;
+  ibv_cq_ex* cqx = nullptr;
+  ibv_qp *sv = nullptr, *c = nullptr;
+  ASSERT_NO_FATAL_FAILURE(ex_pair(IBV_WC_STANDARD_FLAGS, &s, &cqx, &sv, &c));
   // Pairs of sends, the second polled with ibv_next_poll; the first pair
   // fills the sender's caches (the general path), the rest may take the leaf.
   for (uint32_t k = 0; k < 4; ++k) {
@@ -1026,24 +1036,11 @@ TEST_F(SrqSmall, ThroughStartPollASmallSendArrivesWhole) {
 // the buffer before its completion (a timestamp fills the completion's last
 // eight bytes): they arrive whole, and the completion has its stamp.
 TEST_F(SrqSmall, IntoACqWithTimestampsTheBytesArriveWhole) {
-  ibv_srq* s = make_srq(16);
-  ASSERT_NE(s, nullptr);
-  ibv_cq_init_attr_ex ca{};
-  ca.cqe = 64;
-  ca.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
-  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
-  ASSERT_NE(cqx, nullptr) << std::strerror(errno);
-  ccq_ = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
-  ASSERT_NE(ccq_, nullptr);
-  ibv_qp* sv = make_qp(s, nullptr, ibv_cq_ex_to_cq(cqx));
-  ASSERT_NE(sv, nullptr) << std::strerror(errno);
-  ibv_qp* c = harness::create_qp(pd_, ccq_, IBV_QPT_RC, 64, 16, 2, 64);
-  ASSERT_NE(c, nullptr) << std::strerror(errno);
-  qps_.push_back(c);
-  const uint16_t lid = harness::port_lid(ctx_);
-  ASSERT_EQ(connect_qp(sv, c->qp_num, lid, kAll), 0);
-  ASSERT_EQ(connect_qp(c, sv->qp_num, lid, kAll), 0);
-  for (uint32_t i = 0; i < 64; ++i) buf_[32768 + i] = static_cast<uint8_t>(0x40 + i);
+  ibv_srq* s = nullptr;
+  ibv_cq_ex* cqx = nullptr;
+  ibv_qp *sv = nullptr, *c = nullptr;
+  ASSERT_NO_FATAL_FAILURE(
+      ex_pair(uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, &s, &cqx, &sv, &c));
   // The first fills the sender's caches (the general path), the rest may
   // take the leaf.
   for (uint32_t k = 0; k < 4; ++k) {
