@@ -135,6 +135,14 @@ inline bool consumes_recv(uint32_t op) {
 inline bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 
+// The largest move inside the push of a receive completion (deliver_staged's
+// push_staged, send_leaf, srq_send_leaf): the CQ slot stays reserved and
+// unpublished for at most that copy, ~2.5 us here. Above it the copy's drain
+// is a few hundredths of a percent of the message and the bytes move first.
+inline constexpr uint32_t kMoveInPushBytes = 256 * 1024;
+inline constexpr uint32_t kMaxMsgBytes = 1u << 31;  // max_msg_sz (the provider's query_device)
+
+
 // The shape checks of every send post (ibv_post_send(3)), one copy for both
 // entry points (LocalContext::post_send from the ibv_send_wr, enqueue_send
 // from a SendWr): the SGE count against the QP's cap, a list wherever SGEs
@@ -142,12 +150,6 @@ inline bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_
 // out: not READ, atomics or local operations, whose SGEs the caller passes
 // as num_sge 0), an atomic's one 8-byte SGE, max_msg_sz (2^31). 0 with the
 // total length and whether the bytes go inline, or EINVAL.
-// The largest move inside the push of a receive completion (deliver_staged's
-// push_staged, send_leaf, srq_send_leaf): the CQ slot stays reserved and
-// unpublished for at most that copy, ~2.5 us here. Above it the copy's drain
-// is a few hundredths of a percent of the message and the bytes move first.
-inline constexpr uint32_t kMoveInPushBytes = 256 * 1024;
-inline constexpr uint32_t kMaxMsgBytes = 1u << 31;  // max_msg_sz (the provider's query_device)
 inline int check_send_shape(const QpCaps& caps, uint32_t op, uint32_t num_sge, const ibv_sge* sg, uint32_t flags,
                             uint64_t* total, bool* inl) noexcept {
   if (num_sge > caps.max_send_sge || (num_sge && !sg)) return EINVAL;
@@ -355,10 +357,11 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
 }
 
 // A leaf's (write_leaf, read_leaf, send_leaf, srq_send_leaf) signaled
-// success, WQE tail of qp (byte_len: a READ's length, as complete_send), into the slot its check looked at (peek_single: one producer,
-// under our sq_lock, so still the one at the FIFO's tail, still free). No
-// fence (complete_send, local_cq.h); a success qualifies for a
-// next-completion arming only: kArmed, and the caller fires it (leaf_declined).
+// success, WQE tail of qp (byte_len: a READ's length, as complete_send),
+// into the slot its check looked at (peek_single: one producer, under our
+// sq_lock, so still the one at the FIFO's tail, still free). No fence
+// (complete_send, local_cq.h); a success qualifies for a next-completion
+// arming only: kArmed, and the caller fires it (leaf_declined).
 [[gnu::always_inline]] inline LocalContext::Leaf leaf_complete(Qp* qp, uint64_t wr_id, uint32_t wc_opcode,
                                                                uint32_t tail, uint32_t byte_len = 0) noexcept {
   LocalCq* l = qp->send_local;

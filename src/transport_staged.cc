@@ -385,10 +385,10 @@ template <bool kInPlace>
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
   // recv_done).
   if (std::atomic<uint64_t>* l = count::fast_groups(qp)) [[likely]] {
-    if (inl || len <= 64)
+    if constexpr (inl)
       count::sent_small_send(qp, l, len);  // one packet at any MTU
     else
-      count::sent_send(qp, l, wr.opcode, len);
+      count::sent_send(qp, l, wr.opcode, len);  // packets by the path MTU
   } else {
     count::sent_rc(cnt_, qp, wr.opcode, len);
     count::recv_done(cnt_, qp, t, peer.device);
