@@ -404,6 +404,25 @@ class LocalContext {
   [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
+  // ibv_post_send's list of more than one WR (the provider's post_send):
+  // each WR in turn through its leaf (the *_leaf_one below: the leaf alone,
+  // no fallback), as the single WR takes it, until a leaf does not take
+  // one; that WR and the rest go on through post_send_list. In the order
+  // posted: a leaf executes its WR within the call, as post_send_list does.
+  [[gnu::noinline]] int post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  [[gnu::noinline]] Leaf write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf read_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf srq_send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // locked() under qp's sq_lock taken the owner's way (kNotHandled when it
+  // is not ours to take so): a *_leaf_one's run.
+  template <typename Locked>
+  [[gnu::always_inline]] static Leaf run_leaf_one(Qp* qp, Locked&& locked) noexcept {
+    if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
+    const Leaf r = locked();
+    qp->sq_lock.unlock_owner();
+    return r;
+  }
   // A leaf's run: locked() (the leaf's body, which answers a Leaf) under
   // qp's sq_lock taken the owner's way, with the post's bad_wr waiting in
   // qp->leaf_bad_wr; then 0, or what leaf_declined answers.

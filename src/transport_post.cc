@@ -521,6 +521,47 @@ int LocalContext::read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, *wr, dst, len); });
 }
 
+LocalContext::Leaf LocalContext::write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
+  uint32_t len;
+  const void* src = leaf_source(qp, wr, &len, kMaxMsgBytes);  // write_leaf's shape
+  if (!src) return Leaf::kNotHandled;
+  return run_leaf_one(qp, [&]() __attribute__((always_inline)) {
+    return len > 16 ? write_leaf_locked<true>(qp, wr, src, len) : write_leaf_locked<false>(qp, wr, src, len);
+  });
+}
+
+LocalContext::Leaf LocalContext::read_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
+  const ibv_sge* g = wr.sg_list;  // read_leaf's shape
+  void* dst = nullptr;
+  if (wr.num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
+    dst = fast_dest(qp, *g, g->length);
+  if (!dst) return Leaf::kNotHandled;
+  const uint32_t len = g->length;
+  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, wr, dst, len); });
+}
+
+int LocalContext::post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  for (; wr; wr = wr->next) {
+    // The provider's choice for a single WR (Qp::leaf_off: a hint, each
+    // leaf checks it all again under sq_lock).
+    const uint8_t off = qp->leaf_off.load(std::memory_order_relaxed);
+    Leaf r = Leaf::kNotHandled;
+    if (wr->opcode == IBV_WR_RDMA_WRITE) {
+      if (!(off & Qp::kLeafQueued)) r = write_leaf_one(qp, *wr);
+    } else if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) {
+      if (!off)
+        r = send_leaf_one(qp, *wr);
+      else if (off == Qp::kLeafSrq)
+        r = srq_send_leaf_one(qp, *wr);
+    } else if (wr->opcode == IBV_WR_RDMA_READ) {
+      if (!(off & Qp::kLeafQueued)) r = read_leaf_one(qp, *wr);
+    }
+    if (r == Leaf::kNotHandled) return post_send_list(qp, wr, bad_wr, leaf_general_, qp->user);
+    if (r == Leaf::kArmed) own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
+  }
+  return 0;
+}
+
 // What a leaf did not finish: its WR completed into a send CQ armed for the
 // next completion (kArmed), or the WR goes the list's way (kNotHandled).
 int LocalContext::leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept {

@@ -423,6 +423,10 @@ int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, *wr); });
 }
 
+LocalContext::Leaf LocalContext::send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
+  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, wr); });
+}
+
 // send_leaf's receive completion went into a CQ armed for it: its channel
 // gets the token (push_peer_cqe_rest, as push_staged's push; the arming
 // looks only at whether the CQE is solicited or an error).

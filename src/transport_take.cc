@@ -833,6 +833,10 @@ int LocalContext::srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) n
                   [&]() __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, *wr); });
 }
 
+LocalContext::Leaf LocalContext::srq_send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
+  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, wr); });
+}
+
 LocalContext::Leaf LocalContext::srq_send_leaf_large(Qp* qp, const ibv_send_wr& wr) noexcept {
   return srq_send_leaf_locked<true>(qp, wr);
 }

@@ -1555,6 +1555,203 @@ TEST_F(Errors, UnsupportedOpcodesAreRejectedAtPost) {
   EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
 }
 
+// One WR of a list (ListWr::wr, linked by the caller).
+struct ListWr {
+  ibv_send_wr wr{};
+  ibv_sge sge{};
+};
+
+ListWr list_wr(ibv_wr_opcode op, uint64_t id, ibv_sge s, bool signaled, uint64_t raddr = 0, uint32_t rkey = 0,
+               bool inl = false) {
+  ListWr w;
+  w.sge = s;
+  w.wr.wr_id = id;
+  w.wr.opcode = op;
+  w.wr.num_sge = 1;
+  w.wr.send_flags = (signaled ? unsigned{IBV_SEND_SIGNALED} : 0u) | (inl ? unsigned{IBV_SEND_INLINE} : 0u);
+  w.wr.wr.rdma.remote_addr = raddr;
+  w.wr.wr.rdma.rkey = rkey;
+  if (op == IBV_WR_SEND_WITH_IMM) w.wr.imm_data = htonl(0x5000 + static_cast<uint32_t>(id));
+  return w;
+}
+
+// Links ws into one list (sg_list set here: the vector does not move after).
+ibv_send_wr* link_list(std::vector<ListWr>& ws) {
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ws[i].wr.sg_list = &ws[i].sge;
+    ws[i].wr.next = i + 1 < ws.size() ? &ws[i + 1].wr : nullptr;
+  }
+  return &ws[0].wr;
+}
+
+// Every kind of WR a single post takes on its cheapest path (WRITEs and
+// READs small and large, SENDs inline, small, in place and with immediate
+// data, signaled or not) posted as one list once every cache is warm, then
+// WRs that no such path takes (a SEND of 0 bytes) with more behind them, and
+// SENDs beyond the posted receives (they wait for receives, RNR, and what
+// follows them waits too): everything arrives, in the order posted, byte for
+// byte, and only the signaled WRs complete, each with its length.
+TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
+  PairOpts o;
+  o.max_send_wr = 64;
+  o.max_recv_wr = 64;
+  o.b_min_rnr_timer = 1;
+  Pair p;
+  make_pair(&p, o);
+  for (size_t i = 0; i < kBuf; ++i) {
+    p.abuf[i] = static_cast<uint8_t>(i * 13 + 1);
+    p.bbuf[i] = static_cast<uint8_t>(i * 7 + 5);
+  }
+  constexpr size_t kRecvOff = 8192, kRecvLen = 512;
+  uint64_t rid = 500;
+  const auto post_recvs = [&](int n) {
+    for (int k = 0; k < n; ++k, ++rid) {
+      ibv_sge r = p.b_sge(kRecvOff + (rid - 500) % 14 * kRecvLen, kRecvLen);
+      ASSERT_EQ(post_recv(p.b, rid, &r, 1), 0);
+    }
+  };
+  // Warm-up: a WRITE, a READ and a SEND, one at a time.
+  post_recvs(1);
+  {
+    ibv_sge s = p.a_sge(0, 8);
+    ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1, &s, 1, p.b_addr(0), p.bmr->rkey), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    ASSERT_TRUE(read_ok(p, 2, 4096, 4096, 8));
+    ASSERT_EQ(post(p.a, IBV_WR_SEND, 3, &s, 1), 0);
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  }
+  post_recvs(8);
+
+  struct Want {
+    uint64_t id;
+    ibv_wr_opcode op;
+    size_t loff, roff;  // roff: the target offset (WRITE), source (READ); a SEND's: its receive's
+    uint32_t len;
+    bool signaled;
+  };
+  std::vector<Want> want = {
+      {10, IBV_WR_RDMA_WRITE, 0, 16, 8, false},
+      {11, IBV_WR_SEND, 16, 0, 5, true},  // inline
+      {12, IBV_WR_RDMA_WRITE, 32, 64, 100, true},
+      {13, IBV_WR_RDMA_READ, 4200, 4300, 12, false},
+      {14, IBV_WR_SEND_WITH_IMM, 200, 0, 200, false},
+      {15, IBV_WR_RDMA_READ, 5000, 5003, 3000, true},
+      {16, IBV_WR_SEND, 300, 0, 16, true},
+      {17, IBV_WR_RDMA_WRITE, 400, 2000, 1, true},
+      {18, IBV_WR_SEND, 0, 0, 0, true},  // no leaf takes 0 bytes: the list's general way from here
+      {19, IBV_WR_SEND, 500, 0, 40, true},
+      {20, IBV_WR_RDMA_WRITE, 600, 2100, 24, false},
+      {21, IBV_WR_SEND, 700, 0, 300, true},
+      {22, IBV_WR_SEND_WITH_IMM, 800, 0, 9, true},  // the 8 receives end here
+      {23, IBV_WR_SEND, 900, 0, 33, true},          // RNR: waits for a receive
+      {24, IBV_WR_RDMA_WRITE, 1000, 2200, 50, true},
+      {25, IBV_WR_SEND, 1100, 0, 2, false},
+      {26, IBV_WR_RDMA_READ, 12000, 6200, 64, true},
+  };
+  std::vector<ListWr> ws;
+  for (const Want& w : want) {
+    const bool send = w.op == IBV_WR_SEND || w.op == IBV_WR_SEND_WITH_IMM;
+    ws.push_back(list_wr(w.op, w.id, p.a_sge(w.loff, w.len), w.signaled, send ? 0 : p.b_addr(w.roff),
+                         send ? 0 : p.bmr->rkey, w.id == 11));
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(p.a, link_list(ws), &bad), 0);
+  // The SENDs past the eighth receive wait; three more receives let them in.
+  ibv_wc wc{};
+  std::vector<ibv_wc> sends, recvs;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  size_t signaled = 0, nsend = 0;
+  for (const Want& w : want) {
+    signaled += w.signaled;
+    nsend += w.op == IBV_WR_SEND || w.op == IBV_WR_SEND_WITH_IMM;
+  }
+  bool more = false;
+  while ((sends.size() < signaled || recvs.size() < nsend) && Clock::now() < deadline) {
+    if (ibv_poll_cq(p.acq, 1, &wc) == 1) sends.push_back(wc);
+    if (ibv_poll_cq(p.bcq, 1, &wc) == 1) recvs.push_back(wc);
+    if (!more && recvs.size() == 8) {
+      EXPECT_TRUE(no_completion(p.bcq, 20)) << "a SEND arrived without a receive";
+      post_recvs(3);
+      more = true;
+    }
+  }
+  ASSERT_EQ(sends.size(), signaled) << "send completions";
+  ASSERT_EQ(recvs.size(), nsend) << "receive completions";
+  EXPECT_TRUE(no_completion(p.acq, 20));
+  size_t si = 0, ri = 0;
+  for (const Want& w : want) {
+    SCOPED_TRACE(w.id);
+    const bool send = w.op == IBV_WR_SEND || w.op == IBV_WR_SEND_WITH_IMM;
+    if (w.signaled) {
+      const ibv_wc& c = sends[si++];
+      EXPECT_EQ(c.wr_id, w.id) << "send completions in the order posted: " << wc_str(c);
+      EXPECT_EQ(c.status, IBV_WC_SUCCESS) << wc_str(c);
+      EXPECT_EQ(c.opcode, send ? IBV_WC_SEND : w.op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE);
+      if (w.op == IBV_WR_RDMA_READ) {
+        EXPECT_EQ(c.byte_len, w.len);
+      }
+    }
+    if (send) {
+      const ibv_wc& c = recvs[ri];
+      const uint64_t r = 501 + ri++;  // after the warm-up's
+      EXPECT_EQ(c.wr_id, r) << "receives taken in the order posted: " << wc_str(c);
+      EXPECT_EQ(c.status, IBV_WC_SUCCESS) << wc_str(c);
+      EXPECT_EQ(c.byte_len, w.len) << wc_str(c);
+      const bool imm = w.op == IBV_WR_SEND_WITH_IMM;
+      EXPECT_EQ((c.wc_flags & IBV_WC_WITH_IMM) != 0, imm) << wc_str(c);
+      if (imm) {
+        EXPECT_EQ(ntohl(c.imm_data), 0x5000 + w.id);
+      }
+      const uint8_t* got = p.bbuf + kRecvOff + (r - 500) % 14 * kRecvLen;
+      for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(got[i], p.abuf[w.loff + i]) << "SEND byte " << i;
+    } else if (w.op == IBV_WR_RDMA_WRITE) {
+      for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(p.bbuf[w.roff + i], p.abuf[w.loff + i]) << "WRITE byte " << i;
+    } else {
+      for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(p.abuf[w.loff + i], p.bbuf[w.roff + i]) << "READ byte " << i;
+    }
+  }
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
+}
+
+// A list whose third WR is bad: the two before it are done (on their
+// cheapest path, the caches warm), *bad_wr names it, nothing after it runs.
+TEST_F(Errors, AListStopsAtABadWrAfterWarmOnes) {
+  Pair p;
+  make_pair(&p);
+  for (size_t i = 0; i < kBuf; ++i) p.abuf[i] = static_cast<uint8_t>(i + 1);
+  ibv_sge s = p.a_sge(0, 8);
+  ASSERT_EQ(post(p.a, IBV_WR_RDMA_WRITE, 1, &s, 1, p.b_addr(0), p.bmr->rkey), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+  ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  std::memset(p.bbuf, 0, kBuf);
+  std::vector<ListWr> ws = {list_wr(IBV_WR_RDMA_WRITE, 10, p.a_sge(100, 8), false, p.b_addr(100), p.bmr->rkey),
+                            list_wr(IBV_WR_RDMA_WRITE, 11, p.a_sge(200, 40), true, p.b_addr(200), p.bmr->rkey),
+                            list_wr(IBV_WR_RDMA_WRITE, 12, p.a_sge(300, 8), true, p.b_addr(300), p.bmr->rkey),
+                            list_wr(IBV_WR_RDMA_WRITE, 13, p.a_sge(400, 8), true, p.b_addr(400), p.bmr->rkey)};
+  ibv_send_wr* head = link_list(ws);
+  ws[2].wr.num_sge = static_cast<int>(p.acap.max_send_sge) + 1;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(ibv_post_send(p.a, head, &bad), EINVAL);
+  EXPECT_EQ(bad, &ws[2].wr) << "bad_wr must name the WR with too many SGEs";
+  ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "the signaled WR before the bad one";
+  EXPECT_EQ(wc.wr_id, 11u) << wc_str(wc);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  EXPECT_TRUE(no_completion(p.acq, 50)) << "WRs at or after bad_wr must not run";
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(p.bbuf[100 + i], p.abuf[100 + i]) << "the first WRITE, byte " << i;
+  for (uint32_t i = 0; i < 40; ++i) EXPECT_EQ(p.bbuf[200 + i], p.abuf[200 + i]) << "the second WRITE, byte " << i;
+  for (uint32_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(p.bbuf[300 + i], 0) << "the bad WR moved byte " << i;
+    EXPECT_EQ(p.bbuf[400 + i], 0) << "the WR after the bad one moved byte " << i;
+  }
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS) << "a rejected post must not change the QP state";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

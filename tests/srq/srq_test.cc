@@ -853,6 +853,65 @@ TEST_F(SrqSmall, EverySizeWithAndWithoutImmediateArrivesExactly) {
     }
 }
 
+// SENDs of every size class (in the completion, in the buffer within the
+// push, larger), with and without immediate data, signaled or not, posted
+// as one list once the caches are warm: every receive in the order posted,
+// byte for byte, and only the signaled SENDs complete, in order.
+TEST_F(SrqSmall, AListOfSendsOfEverySizeArrivesInOrder) {
+  ibv_srq* s = make_srq(16);
+  ASSERT_NE(s, nullptr);
+  ibv_qp *c, *sv;
+  warm_pair(s, &c, &sv);
+  if (HasFatalFailure()) return;
+  constexpr uint64_t kSrc = 32768, kDst = 4096, kSlot = 2048;
+  for (uint64_t i = kSrc; i < buf_.size(); ++i) buf_[i] = static_cast<uint8_t>(i * 11 + 7);
+  const uint32_t sizes[] = {1, 8, 20, 21, 64, 65, 200, 1000, 2048, 16, 3, 40};
+  constexpr size_t kN = std::size(sizes);
+  for (size_t k = 0; k < kN; ++k) {
+    std::memset(buf_.data() + kDst + k * kSlot, 0x5a, kSlot);
+    ASSERT_EQ(post_srq(s, 100 + k, kDst + k * kSlot, kSlot), 0);
+  }
+  ibv_sge sge[kN];
+  ibv_send_wr wr[kN]{};
+  for (size_t k = 0; k < kN; ++k) {
+    sge[k] = {reinterpret_cast<uint64_t>(buf_.data() + kSrc + 7 * k), sizes[k], mr_->lkey};
+    wr[k].wr_id = 200 + k;
+    wr[k].sg_list = &sge[k];
+    wr[k].num_sge = 1;
+    wr[k].opcode = k % 3 == 1 ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    wr[k].imm_data = htonl(0xabc00 + static_cast<uint32_t>(k));
+    wr[k].send_flags = k % 2 == 1 || k + 1 == kN ? IBV_SEND_SIGNALED : 0;
+    wr[k].next = k + 1 < kN ? &wr[k + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(c, wr, &bad), 0);
+  for (size_t k = 0; k < kN; ++k) {
+    if (!(wr[k].send_flags & IBV_SEND_SIGNALED)) continue;
+    ibv_wc snd{};
+    ASSERT_EQ(poll_n(ccq_, &snd, 1), 1) << "the send completion of SEND " << k;
+    ASSERT_EQ(snd.status, IBV_WC_SUCCESS) << str(snd);
+    EXPECT_EQ(snd.wr_id, 200 + k) << "send completions in the order posted";
+  }
+  for (size_t k = 0; k < kN; ++k) {
+    SCOPED_TRACE(k);
+    ibv_wc rcv{};
+    ASSERT_EQ(poll_n(cq_, &rcv, 1), 1);
+    ASSERT_EQ(rcv.status, IBV_WC_SUCCESS) << str(rcv);
+    EXPECT_EQ(rcv.wr_id, 100 + k) << "receives taken in the order posted";
+    EXPECT_EQ(rcv.byte_len, sizes[k]);
+    const bool imm = k % 3 == 1;
+    EXPECT_EQ((rcv.wc_flags & IBV_WC_WITH_IMM) != 0, imm);
+    if (imm) {
+      EXPECT_EQ(ntohl(rcv.imm_data), 0xabc00 + k);
+    }
+    const uint8_t* d = buf_.data() + kDst + k * kSlot;
+    for (uint32_t i = 0; i < sizes[k]; ++i) ASSERT_EQ(d[i], buf_[kSrc + 7 * k + i]) << "byte " << i;
+    for (uint64_t i = sizes[k]; i < kSlot; ++i) ASSERT_EQ(d[i], 0x5a) << "byte " << i << " past the message";
+  }
+  ibv_wc extra{};
+  EXPECT_EQ(ibv_poll_cq(ccq_, 1, &extra), 0) << "an unsignaled SEND completed";
+}
+
 // The design, seen from outside: a SEND of up to 20 bytes into an SRQ lands
 // in its buffer when its completion is polled (its bytes came in the
 // completion), the first of two in a row (after a receive was polled: an
