@@ -401,6 +401,8 @@ class LocalContext {
                                          uint32_t len) noexcept;
   // A single RDMA READ of an RC QP (transport_post.cc).
   [[gnu::noinline]] int read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+  // A single CMP_AND_SWP or FETCH_AND_ADD of an RC QP (transport_post.cc).
+  [[gnu::noinline]] int atomic_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
@@ -412,6 +414,7 @@ class LocalContext {
   [[gnu::noinline]] int post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline]] Leaf write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
   [[gnu::noinline]] Leaf read_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
+  [[gnu::noinline]] Leaf atomic_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
   [[gnu::noinline]] Leaf send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
   [[gnu::noinline]] Leaf srq_send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
   // locked() under qp's sq_lock taken the owner's way (kNotHandled when it
@@ -467,6 +470,7 @@ class LocalContext {
   template <bool kLarge>
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf read_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst, uint32_t len) noexcept;
+  Leaf atomic_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
   template <bool kInPlace>
   [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
@@ -751,6 +755,7 @@ class LocalContext {
   static uint8_t* remote_write_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr, uint64_t len) noexcept;
   static const uint8_t* remote_read_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr,
                                         uint64_t len) noexcept;
+  static uint8_t* remote_atomic_hit(const Qp* qp, const Peer& peer, uint32_t rkey, uint64_t addr) noexcept;
   // The SEND leaves' receive buffer: the local address of [addr, addr + len)
   // in the peer's MR `lkey`, a receive buffer of a QP of PD pd, from the
   // receive key cache's one-word tag, or nullptr (remote_hit decides).

@@ -257,6 +257,9 @@ struct Qp {
     // The same for a READ (RemoteKeyCache::rtag): the PD when the entry
     // grants remote read, else kNoWritePd.
     uint32_t rpd = kNoWritePd;
+    // And for an atomic (RemoteKeyCache::atag): the PD when the entry
+    // grants remote atomics, else kNoWritePd.
+    uint32_t apd = kNoWritePd;
     // Our port's LID, the slid of the receive completions we make (the
     // port is fixed while this cache is: modify_qp empties it).
     uint32_t slid = 0;
@@ -317,7 +320,12 @@ struct Qp {
     // A READ's hit (remote_read_hit), in the rkey cache: the same word,
     // set under the same conditions for an MR that grants remote read.
     uint64_t rtag = kNoWriteTag;
-    uint8_t* wbase = nullptr;  // for either tag
+    // An atomic's (remote_atomic_hit), in the rkey cache: the same word, for
+    // an MR that grants remote atomics and is in the mapped tier (a CPU
+    // atomic on it is atomic with every other RDMA atomic on it; the CMA
+    // tier's striped lock is execute's).
+    uint64_t atag = kNoWriteTag;
+    uint8_t* wbase = nullptr;  // for any tag
   };
 
   // One for rkeys (WRITE/READ/atomic targets), one for the lkeys of the

@@ -281,6 +281,13 @@ inline const uint8_t* LocalContext::remote_read_hit(const Qp* qp, const Peer& pe
   return one_word_hit(qp->rkey_cache, qp->rkey_cache.rtag, peer, uint64_t{rkey} << 32 | qp->tgt.rpd, addr, len);
 }
 
+// An atomic's (atomic_leaf): the rkey cache's atomic tag against the target
+// QP's PD as we cached it for atomics (TargetCache::apd).
+inline uint8_t* LocalContext::remote_atomic_hit(const Qp* qp, const Peer& peer, uint32_t rkey,
+                                                uint64_t addr) noexcept {
+  return one_word_hit(qp->rkey_cache, qp->rkey_cache.atag, peer, uint64_t{rkey} << 32 | qp->tgt.apd, addr, 8);
+}
+
 // A receive buffer's (the SEND leaves): the receive key cache's tag says
 // the lkey, the PD (the target QP's, from its owner's memory: compared as
 // remote_hit compares it) and that the MR grants local write, is not
@@ -314,15 +321,17 @@ inline uint8_t* LocalContext::recv_write_hit(const Qp* qp, const Peer& peer, uin
 }
 
 inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer) noexcept {
-  rc.wtag = rc.rtag = Qp::kNoWriteTag;
+  rc.wtag = rc.rtag = rc.atag = Qp::kNoWriteTag;
   rc.wbase = nullptr;
   const Qp::MrSnapshot& sn = rc.snap;
   if (!rc.entry || rc.peer_stamp != peer.stamp || sn.kind != layout::kKindMr || sn.key != rc.key) return;
-  // The rkey cache: a WRITE's target (wtag) and a READ's source (rtag); the
-  // other: a SEND's receive buffer (wtag).
+  // The rkey cache: a WRITE's target (wtag), a READ's source (rtag) and an
+  // atomic's target (atag, in the mapped tier only); the other: a SEND's
+  // receive buffer (wtag).
   const uint32_t need = rc.rkey ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_LOCAL_WRITE;
   const bool read = rc.rkey && (sn.access & IBV_ACCESS_REMOTE_READ);
-  if ((!(sn.access & need) && !read) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
+  const bool atomic = rc.rkey && (sn.access & IBV_ACCESS_REMOTE_ATOMIC) && sn.tier == layout::kTierMapped;
+  if ((!(sn.access & need) && !read && !atomic) || (sn.access & kAccessOnDemand) || sn.pd >= Qp::kNoWritePd) return;
   if (sn.iova + sn.length < sn.iova) return;  // a range that wraps
   uint8_t* base;
   if (peer.self_process) {
@@ -338,6 +347,7 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   const uint64_t tag = uint64_t{rc.key} << 32 | sn.pd;
   if (sn.access & need) rc.wtag = tag;
   if (read) rc.rtag = tag;
+  if (atomic) rc.atag = tag;
 }
 
 // What the SEND leaves (send_leaf, srq_send_leaf) require of qp's send

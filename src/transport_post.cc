@@ -145,8 +145,9 @@ layout::QpEntry* LocalContext::check_target(Qp* qp, const Peer& peer) noexcept {
   const uint32_t access = t->access, pd = t->pd_index;
   const uint32_t wpd = (access & IBV_ACCESS_REMOTE_WRITE) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
   const uint32_t rpd = (access & IBV_ACCESS_REMOTE_READ) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
+  const uint32_t apd = (access & IBV_ACCESS_REMOTE_ATOMIC) && pd < Qp::kNoWritePd ? pd : Qp::kNoWritePd;
   const uint32_t slid = registry_.device().ports[std::max<uint32_t>(qp->attr.port_num, 1) - 1].lid;
-  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, rpd, slid};
+  qp->tgt = Qp::TargetCache{peer.stamp, t, v, access, pd, wpd, rpd, apd, slid};
   // The SEND leaf: send_leaf for a target without an SRQ whose SENDs stage,
   // srq_send_leaf for one with an SRQ; none on a RoCE path.
   const bool srq = t->srq_index != layout::kNoIndex;
@@ -521,6 +522,67 @@ int LocalContext::read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, *wr, dst, len); });
 }
 
+// ibv_post_send's cheapest atomic, tried before anything else (the
+// provider's post_send): one CMP_AND_SWP or FETCH_AND_ADD on an RC QP, its
+// 8-byte SGE one of ours that our MR table answers with local write
+// (fast_dest), the target 8-byte aligned in an MR the QP's rkey cache
+// answers in one word for atomics (remote_atomic_hit: granting remote
+// atomics, in the mapped tier, in the PD of a target QP that grants remote
+// atomics, reachable here as a whole), with read_leaf's queue, target and
+// completion conditions. It does what post_fast_in and execute_fast_in do
+// for it, in the same order (the CPU atomic, the old value into our SGE,
+// the counters, the queue, the completion of 8 bytes), and declines before
+// changing anything otherwise (kNotHandled: post_send_list takes the WR,
+// and execute reports a misaligned target or a missing grant).
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::atomic_leaf_locked(Qp* qp, const ibv_send_wr& wr,
+                                                                                 void* dst) noexcept {
+  const uint32_t tail = qp->sq_tail;
+  const Peer* pp = one_sided_leaf_peer(qp, tail);
+  if (!pp) return Leaf::kNotHandled;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
+  const uint64_t addr = wr.wr.atomic.remote_addr;
+  uint8_t* p = addr % 8 ? nullptr : remote_atomic_hit(qp, *pp, wr.wr.atomic.rkey, addr);
+  if (!p) return Leaf::kNotHandled;
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
+  uint64_t old;
+  const bool cas = wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+  if (cas) {
+    old = wr.wr.atomic.compare_add;
+    word.compare_exchange_strong(old, wr.wr.atomic.swap, std::memory_order_acq_rel, std::memory_order_acquire);
+  } else {
+    old = word.fetch_add(wr.wr.atomic.compare_add, std::memory_order_acq_rel);
+  }
+  std::memcpy(dst, &old, 8);
+  count::sent_rc_in(cnt_, qp, wr.opcode, 8);  // counters: request, response
+  qp->sq_tail = qp->sq_exec = tail + 1;
+  if (!signaled) return Leaf::kDone;
+  return leaf_complete(qp, wr.wr_id, cas ? IBV_WC_COMP_SWAP : IBV_WC_FETCH_ADD, tail, 8);  // complete_send's success
+}
+
+namespace {
+
+// The atomic leaf's shape (check_send_shape's for an atomic: one SGE of 8
+// bytes, inline ignored; RC only) and its destination: our SGE through
+// fast_dest, or nullptr.
+[[gnu::always_inline]] inline bool atomic_leaf_shape(const Qp* qp, const ibv_send_wr& wr) noexcept {
+  return wr.num_sge == 1 && wr.sg_list && wr.sg_list->length == 8 && qp->qp_type == IBV_QPT_RC;
+}
+
+}  // namespace
+
+int LocalContext::atomic_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  void* dst = atomic_leaf_shape(qp, *wr) ? fast_dest(qp, *wr->sg_list, 8) : nullptr;
+  if (!dst) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
+  return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return atomic_leaf_locked(qp, *wr, dst); });
+}
+
+LocalContext::Leaf LocalContext::atomic_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
+  void* dst = atomic_leaf_shape(qp, wr) ? fast_dest(qp, *wr.sg_list, 8) : nullptr;
+  if (!dst) return Leaf::kNotHandled;
+  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return atomic_leaf_locked(qp, wr, dst); });
+}
+
 LocalContext::Leaf LocalContext::write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
   uint32_t len;
   const void* src = leaf_source(qp, wr, &len, kMaxMsgBytes);  // write_leaf's shape
@@ -555,6 +617,8 @@ int LocalContext::post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) 
         r = srq_send_leaf_one(qp, *wr);
     } else if (wr->opcode == IBV_WR_RDMA_READ) {
       if (!(off & Qp::kLeafQueued)) r = read_leaf_one(qp, *wr);
+    } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      if (!(off & Qp::kLeafQueued)) r = atomic_leaf_one(qp, *wr);
     }
     if (r == Leaf::kNotHandled) return post_send_list(qp, wr, bad_wr, leaf_general_, qp->user);
     if (r == Leaf::kArmed) own_send_armed(qp->send_cq, IBV_WC_SUCCESS);

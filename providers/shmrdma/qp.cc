@@ -146,8 +146,8 @@ int general_post(void* arg, const ibv_send_wr* wr) noexcept {
 // rest is converted here (enqueue_general) and executed by progress() after
 // the list.
 //
-// A single WRITE, SEND or READ is offered to LocalContext::write_leaf,
-// send_leaf, srq_send_leaf or read_leaf first: a tail call (each finishes
+// A single WRITE, SEND, READ or atomic is offered to LocalContext::write_leaf,
+// send_leaf, srq_send_leaf, read_leaf or atomic_leaf first: a tail call (each finishes
 // the post, what it declines included), so no frame of ours stays between
 // ibv_post_send and the leaf. A list goes through the same leaves WR by WR
 // (post_leaf_list), the rest from the first they do not take through
@@ -163,6 +163,9 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
       if (off == Qp::kLeafSrq) return core->srq_send_leaf(qp, wr, bad_wr);
     }
     if (wr->opcode == IBV_WR_RDMA_READ && !(off & Qp::kLeafQueued)) return core->read_leaf(qp, wr, bad_wr);
+    if ((wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) &&
+        !(off & Qp::kLeafQueued))
+      return core->atomic_leaf(qp, wr, bad_wr);
     return core->post_send_list(qp, wr, bad_wr, general_post, ibqp);
   }
   return core->post_leaf_list(qp, wr, bad_wr);  // a list: each WR a leaf takes, then the rest

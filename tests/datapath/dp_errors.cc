@@ -93,6 +93,10 @@ int post(ibv_qp* qp, ibv_wr_opcode op, uint64_t wr_id, ibv_sge* sg, int nsge, ui
   return rc;
 }
 
+bool is_atomic(ibv_wr_opcode op) {
+  return op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP;
+}
+
 int post_recv(ibv_qp* qp, uint64_t wr_id, ibv_sge* sg, int nsge, ibv_recv_wr** bad_out = nullptr) {
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
@@ -1198,12 +1202,40 @@ TEST_F(Errors, TargetAccessChangedAfterAReadIsEnforced) {
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(p.abuf[i], 0) << "the READ changed byte " << i;
 }
 
+TEST_F(Errors, TargetAccessChangedAfterAnAtomicIsEnforced) {
+  Pair p;
+  make_pair(&p);
+  ibv_sge s = p.a_sge(0, 8);
+  for (uint64_t id = 1; id <= 2; ++id) {
+    ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, id, &s, 1, p.b_addr(), p.bmr->rkey), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  ASSERT_EQ(ibv_modify_qp(p.b, &a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS), 0);
+  const uint64_t before = 7;
+  std::memcpy(p.bbuf, &before, 8);
+  std::memset(p.abuf, 0xa5, 8);
+  expect_status(p, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, 1, p.b_addr(), p.bmr->rkey, IBV_WC_REM_ACCESS_ERR,
+                "FETCH_AND_ADD after REMOTE_ATOMIC was removed from the target QP, once two had passed");
+  uint64_t now = 0;
+  std::memcpy(&now, p.bbuf, 8);
+  EXPECT_EQ(now, before) << "the refused atomic changed the target";
+  for (size_t i = 0; i < 8; ++i) ASSERT_EQ(p.abuf[i], 0xa5) << "the refused atomic changed local byte " << i;
+}
+
 // A key that answered one kind of access answers no other that its MR or
 // the target QP does not grant: a WRITE that passed (twice: the second finds
 // the key and the target cached), then a READ, where the MR or the QP lacks
-// REMOTE_READ; a READ, then a WRITE, where they lack REMOTE_WRITE.
+// REMOTE_READ; a READ, then a WRITE, where they lack REMOTE_WRITE; a WRITE,
+// then an atomic, where they lack REMOTE_ATOMIC; an atomic, then a WRITE or
+// a READ.
 TEST_F(Errors, AWarmKeyAnswersOnlyTheAccessTheMrAndTheQpGrant) {
   constexpr int kLw = IBV_ACCESS_LOCAL_WRITE;
+  constexpr int kRwr = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   struct Case {
     int qp_access, mr_access;
     ibv_wr_opcode first, then;
@@ -1217,6 +1249,18 @@ TEST_F(Errors, AWarmKeyAnswersOnlyTheAccessTheMrAndTheQpGrant) {
        "READ through a QP without REMOTE_READ, after a WRITE through it"},
       {kLw | IBV_ACCESS_REMOTE_READ, kAllAccess, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
        "WRITE through a QP without REMOTE_WRITE, after a READ through it"},
+      {kAllAccess, kLw | kRwr, IBV_WR_RDMA_WRITE, IBV_WR_ATOMIC_FETCH_AND_ADD,
+       "FETCH_AND_ADD on an MR without REMOTE_ATOMIC, after a WRITE into it"},
+      {kAllAccess, kLw | kRwr, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_CMP_AND_SWP,
+       "CMP_AND_SWP on an MR without REMOTE_ATOMIC, after a READ from it"},
+      {kLw | kRwr, kAllAccess, IBV_WR_RDMA_WRITE, IBV_WR_ATOMIC_FETCH_AND_ADD,
+       "FETCH_AND_ADD through a QP without REMOTE_ATOMIC, after a WRITE through it"},
+      {kAllAccess, kLw | IBV_ACCESS_REMOTE_ATOMIC, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_WRITE,
+       "WRITE into an MR without REMOTE_WRITE, after an atomic on it"},
+      {kAllAccess, kLw | IBV_ACCESS_REMOTE_ATOMIC, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
+       "READ from an MR without REMOTE_READ, after an atomic on it"},
+      {kLw | IBV_ACCESS_REMOTE_ATOMIC, kAllAccess, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_RDMA_WRITE,
+       "WRITE through a QP without REMOTE_WRITE, after an atomic through it"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -1226,7 +1270,7 @@ TEST_F(Errors, AWarmKeyAnswersOnlyTheAccessTheMrAndTheQpGrant) {
     Pair p;
     make_pair(&p, o);
     for (uint64_t id = 1; id <= 2; ++id) {
-      ibv_sge s = p.a_sge(0, 64);
+      ibv_sge s = p.a_sge(0, is_atomic(c.first) ? 8 : 64);
       ASSERT_EQ(post(p.a, c.first, id, &s, 1, p.b_addr(), p.bmr->rkey), 0);
       ibv_wc wc{};
       ASSERT_TRUE(harness::poll_one(p.acq, &wc)) << "no completion within 5 s";
@@ -1234,7 +1278,7 @@ TEST_F(Errors, AWarmKeyAnswersOnlyTheAccessTheMrAndTheQpGrant) {
     }
     std::memset(p.abuf, 0xa5, 64);
     std::memset(p.bbuf, 0x5a, 64);
-    ibv_sge s = p.a_sge(0, 64);
+    ibv_sge s = p.a_sge(0, is_atomic(c.then) ? 8 : 64);
     expect_status(p, c.then, &s, 1, p.b_addr(), p.bmr->rkey, IBV_WC_REM_ACCESS_ERR, c.what);
     for (size_t i = 0; i < 64; ++i) {
       ASSERT_EQ(p.abuf[i], 0xa5) << c.what << " changed local byte " << i;
@@ -1296,10 +1340,13 @@ TEST_F(Errors, WarmAtomicsAreExactAndMisalignedOrOutsideFail) {
     Pair p;
     make_pair(&p);
     ibv_sge s = p.a_sge(0, 8);
-    ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, &s, 1, p.b_addr(kBuf - 8), p.bmr->rkey), 0);
-    ibv_wc wc{};
-    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
-    ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "the warm-up atomic on the MR's last word: " << wc_str(wc);
+    // Two warm-up atomics: the second finds the key and the target cached.
+    for (uint64_t id = 1; id <= 2; ++id) {
+      ASSERT_EQ(post(p.a, IBV_WR_ATOMIC_FETCH_AND_ADD, id, &s, 1, p.b_addr(kBuf - 8), p.bmr->rkey), 0);
+      ibv_wc wc{};
+      ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+      ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "the warm-up atomic on the MR's last word: " << wc_str(wc);
+    }
     p.bbuf[kBuf - 8] = 0;
     std::memset(p.abuf, 0x77, 64);
     expect_status(p, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, 1, p.b_addr() + c.off, p.bmr->rkey, c.want, c.what);
@@ -1586,7 +1633,7 @@ ibv_send_wr* link_list(std::vector<ListWr>& ws) {
 
 // Every kind of WR a single post takes on its cheapest path (WRITEs and
 // READs small and large, SENDs inline, small, in place and with immediate
-// data, signaled or not) posted as one list once every cache is warm, then
+// data, atomics, signaled or not) posted as one list once every cache is warm, then
 // WRs that no such path takes (a SEND of 0 bytes) with more behind them, and
 // SENDs beyond the posted receives (they wait for receives, RNR, and what
 // follows them waits too): everything arrives, in the order posted, byte for
@@ -1639,6 +1686,9 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
       {11, IBV_WR_SEND, 16, 0, 5, true},  // inline
       {12, IBV_WR_RDMA_WRITE, 32, 64, 100, true},
       {13, IBV_WR_RDMA_READ, 4200, 4300, 12, false},
+      {27, IBV_WR_ATOMIC_FETCH_AND_ADD, 13000, 3000, 8, true},
+      {28, IBV_WR_ATOMIC_CMP_AND_SWP, 13008, 3008, 8, false},
+      {29, IBV_WR_ATOMIC_CMP_AND_SWP, 13016, 3016, 8, true},  // compares unequal: no swap
       {14, IBV_WR_SEND_WITH_IMM, 200, 0, 200, false},
       {15, IBV_WR_RDMA_READ, 5000, 5003, 3000, true},
       {16, IBV_WR_SEND, 300, 0, 16, true},
@@ -1653,11 +1703,27 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
       {25, IBV_WR_SEND, 1100, 0, 2, false},
       {26, IBV_WR_RDMA_READ, 12000, 6200, 64, true},
   };
+  const auto word = [&](size_t off) {
+    uint64_t v;
+    std::memcpy(&v, p.bbuf + off, 8);
+    return v;
+  };
+  constexpr uint64_t kAdd = 0x10001, kSwap = 0x1122334455667788;
+  std::vector<uint64_t> old_word;  // each atomic's target before the list
   std::vector<ListWr> ws;
   for (const Want& w : want) {
     const bool send = w.op == IBV_WR_SEND || w.op == IBV_WR_SEND_WITH_IMM;
     ws.push_back(list_wr(w.op, w.id, p.a_sge(w.loff, w.len), w.signaled, send ? 0 : p.b_addr(w.roff),
                          send ? 0 : p.bmr->rkey, w.id == 11));
+    if (is_atomic(w.op)) {
+      auto& a = ws.back().wr.wr.atomic;
+      a.remote_addr = p.b_addr(w.roff);
+      a.rkey = p.bmr->rkey;
+      old_word.push_back(word(w.roff));
+      // FETCH_AND_ADD adds kAdd; CMP_AND_SWP 28 compares equal and swaps, 29 not.
+      a.compare_add = w.op == IBV_WR_ATOMIC_FETCH_AND_ADD ? kAdd : w.id == 28 ? old_word.back() : ~old_word.back();
+      a.swap = kSwap;
+    }
   }
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(p.a, link_list(ws), &bad), 0);
@@ -1691,8 +1757,13 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
       const ibv_wc& c = sends[si++];
       EXPECT_EQ(c.wr_id, w.id) << "send completions in the order posted: " << wc_str(c);
       EXPECT_EQ(c.status, IBV_WC_SUCCESS) << wc_str(c);
-      EXPECT_EQ(c.opcode, send ? IBV_WC_SEND : w.op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE);
-      if (w.op == IBV_WR_RDMA_READ) {
+      const ibv_wc_opcode op = send                                  ? IBV_WC_SEND
+                               : w.op == IBV_WR_RDMA_READ            ? IBV_WC_RDMA_READ
+                               : w.op == IBV_WR_ATOMIC_FETCH_AND_ADD ? IBV_WC_FETCH_ADD
+                               : w.op == IBV_WR_ATOMIC_CMP_AND_SWP   ? IBV_WC_COMP_SWAP
+                                                                     : IBV_WC_RDMA_WRITE;
+      EXPECT_EQ(c.opcode, op) << wc_str(c);
+      if (w.op == IBV_WR_RDMA_READ || is_atomic(w.op)) {
         EXPECT_EQ(c.byte_len, w.len);
       }
     }
@@ -1711,6 +1782,12 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
       for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(got[i], p.abuf[w.loff + i]) << "SEND byte " << i;
     } else if (w.op == IBV_WR_RDMA_WRITE) {
       for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(p.bbuf[w.roff + i], p.abuf[w.loff + i]) << "WRITE byte " << i;
+    } else if (is_atomic(w.op)) {
+      const uint64_t before = old_word[w.id - 27];
+      uint64_t got = 0;
+      std::memcpy(&got, p.abuf + w.loff, 8);
+      EXPECT_EQ(got, before) << "the atomic's old value";
+      EXPECT_EQ(word(w.roff), w.id == 27 ? before + kAdd : w.id == 28 ? kSwap : before) << "the atomic's target";
     } else {
       for (uint32_t i = 0; i < w.len; ++i) ASSERT_EQ(p.abuf[w.loff + i], p.bbuf[w.roff + i]) << "READ byte " << i;
     }
