@@ -23,7 +23,7 @@ divided by N2 - N1, so start-up and connection costs cancel out:
   makes them.
 
 Cases: perftest ib_write_bw / ib_send_bw -s 8 over shmrdma (mapped tier and
-SHMRDMA_MAPPED=0), ucx_perftest put_bw / am_bw 8 B over UCT posix (the
+SHMRDMA_MAPPED=0; and with lists of 16 WRs per post, -l 16), ucx_perftest put_bw / am_bw 8 B over UCT posix (the
 shared-memory transport shmrdma is held against), and ucx_perftest put_bw /
 am_bw over rc_verbs on shmrdma (what UCX gets). Instruction counts do not
 depend on the machine's load (only the timings would), but the instructions
@@ -84,6 +84,11 @@ def cases() -> list[dict]:
              argv=["ib_write_bw", "-s", "8", "-N"], env={"SHMRDMA_MAPPED": "0"}, shm=True, funcs=pt),
         dict(name="shmrdma ib_send_bw 8 B", kind="perftest", argv=["ib_send_bw", "-s", "8", "-N"], env={}, shm=True,
              funcs=pt),
+        # Lists of 16 WRs per ibv_post_send (N1 and N2 are multiples of 16).
+        dict(name="shmrdma ib_write_bw 8 B, lists of 16 (-l 16)", kind="perftest",
+             argv=["ib_write_bw", "-s", "8", "-N", "-l", "16"], env={}, shm=True, funcs=pt),
+        dict(name="shmrdma ib_send_bw 8 B, lists of 16 (-l 16)", kind="perftest",
+             argv=["ib_send_bw", "-s", "8", "-N", "-l", "16"], env={}, shm=True, funcs=pt),
         dict(name="UCX put_bw 8 B (uct posix)", kind="ucx",
              argv=["ucx_perftest", "-t", "put_bw", "-s", "8", "-x", "posix", "-d", "memory"], env={}, shm=False,
              funcs={}),

@@ -37,6 +37,7 @@ inline constexpr uint32_t kMaxCqe = 1u << 20;     // max_cqe (power of two)
 inline constexpr uint32_t kMaxSrqWr = kMaxQpWr;
 inline constexpr uint32_t kMaxQpRdAtom = 16;   // max_qp_rd_atom / max_qp_init_rd_atom
 inline constexpr uint32_t kMaxInlineData = 512;  // bytes copied into the WQE at post time
+inline constexpr uint32_t kMaxMsgSz = 1u << 31;   // max_msg_sz: the bytes of one message
 inline constexpr uint32_t kMaxSrqSge = kMaxSge;
 
 // RSS: indirection tables of 2^0 .. 2^kMaxLogIndTblSize WQs.

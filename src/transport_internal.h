@@ -140,7 +140,7 @@ inline bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_
 // unpublished for at most that copy, ~2.5 us here. Above it the copy's drain
 // is a few hundredths of a percent of the message and the bytes move first.
 inline constexpr uint32_t kMoveInPushBytes = 256 * 1024;
-inline constexpr uint32_t kMaxMsgBytes = 1u << 31;  // max_msg_sz (the provider's query_device)
+inline constexpr uint32_t kMaxMsgBytes = limits::kMaxMsgSz;  // max_msg_sz (the provider's query_device)
 
 
 // The shape checks of every send post (ibv_post_send(3)), one copy for both

@@ -124,7 +124,7 @@ int query_port(ibv_context* ibctx, uint8_t port_num, ibv_port_attr* attr) noexce
   attr->active_mtu = static_cast<ibv_mtu>(v.active_mtu);
   attr->gid_tbl_len = limits::kGidTableLen;
   attr->port_cap_flags = eth ? IBV_PORT_CM_SUP : 0;  // rxe's
-  attr->max_msg_sz = 1u << 31;
+  attr->max_msg_sz = limits::kMaxMsgSz;
   attr->bad_pkey_cntr = 0;
   attr->qkey_viol_cntr = 0;
   attr->pkey_tbl_len = limits::kPkeyTableLen;
