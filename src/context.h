@@ -407,24 +407,37 @@ class LocalContext {
   [[gnu::noinline]] int srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
   [[gnu::noinline, gnu::cold]] int leaf_declined(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr, Leaf r) noexcept;
   // ibv_post_send's list of more than one WR (the provider's post_send):
-  // each WR in turn through its leaf (the *_leaf_one below: the leaf alone,
-  // no fallback), as the single WR takes it, until a leaf does not take
-  // one; that WR and the rest go on through post_send_list. In the order
-  // posted: a leaf executes its WR within the call, as post_send_list does.
+  // each WR in turn through its leaf, as the single WR takes it (a run of
+  // WRs of one kind under one hold of the send lock: the *_leaf_run below,
+  // the leaf alone, no fallback), until a leaf does not take one; that WR
+  // and the rest go on through post_send_list. In the order posted: a leaf
+  // executes its WR within the call, as post_send_list does.
   [[gnu::noinline]] int post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
-  [[gnu::noinline]] Leaf write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline]] Leaf read_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline]] Leaf atomic_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline]] Leaf send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
-  [[gnu::noinline]] Leaf srq_send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept;
-  // locked() under qp's sq_lock taken the owner's way (kNotHandled when it
-  // is not ours to take so): a *_leaf_one's run.
-  template <typename Locked>
-  [[gnu::always_inline]] static Leaf run_leaf_one(Qp* qp, Locked&& locked) noexcept {
-    if (!qp->sq_lock.try_lock_owner()) return Leaf::kNotHandled;
-    const Leaf r = locked();
+  [[gnu::noinline]] ibv_send_wr* write_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept;
+  [[gnu::noinline]] ibv_send_wr* read_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept;
+  [[gnu::noinline]] ibv_send_wr* atomic_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept;
+  [[gnu::noinline]] ibv_send_wr* send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept;
+  [[gnu::noinline]] ibv_send_wr* srq_send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept;
+  // A *_leaf_run: from wr on, each WR that body (a leaf's body, answering a
+  // Leaf) takes, while the next one `match`es, under one hold of qp's
+  // sq_lock taken the owner's way. The WR it stopped at, by *r: kDone, the
+  // first that does not match (nullptr: the list's end); kArmed, the last
+  // it took, whose completion went into a send CQ armed for it; kNotHandled,
+  // the first it did not take (wr itself when the lock is not ours to take
+  // so).
+  template <typename Match, typename Body>
+  [[gnu::always_inline]] static ibv_send_wr* run_leaves(Qp* qp, ibv_send_wr* wr, Leaf* r, Match&& match,
+                                                        Body&& body) noexcept {
+    if (!qp->sq_lock.try_lock_owner()) {
+      *r = Leaf::kNotHandled;
+      return wr;
+    }
+    Leaf x;
+    while ((x = body(*wr)) == Leaf::kDone && (wr = wr->next) && match(*wr)) {
+    }
     qp->sq_lock.unlock_owner();
-    return r;
+    *r = x;
+    return wr;
   }
   // A leaf's run: locked() (the leaf's body, which answers a Leaf) under
   // qp's sq_lock taken the owner's way, with the post's bad_wr waiting in

@@ -577,51 +577,64 @@ int LocalContext::atomic_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noe
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return atomic_leaf_locked(qp, *wr, dst); });
 }
 
-LocalContext::Leaf LocalContext::atomic_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
-  void* dst = atomic_leaf_shape(qp, wr) ? fast_dest(qp, *wr.sg_list, 8) : nullptr;
-  if (!dst) return Leaf::kNotHandled;
-  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return atomic_leaf_locked(qp, wr, dst); });
+ibv_send_wr* LocalContext::atomic_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
+  return run_leaves(
+      qp, wr, r, [](const ibv_send_wr& w) __attribute__((always_inline)) { return is_atomic(w.opcode); },
+      [&](const ibv_send_wr& w) __attribute__((always_inline)) {
+        void* dst = atomic_leaf_shape(qp, w) ? fast_dest(qp, *w.sg_list, 8) : nullptr;
+        return dst ? atomic_leaf_locked(qp, w, dst) : Leaf::kNotHandled;
+      });
 }
 
-LocalContext::Leaf LocalContext::write_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
-  uint32_t len;
-  const void* src = leaf_source(qp, wr, &len, kMaxMsgBytes);  // write_leaf's shape
-  if (!src) return Leaf::kNotHandled;
-  return run_leaf_one(qp, [&]() __attribute__((always_inline)) {
-    return len > 16 ? write_leaf_locked<true>(qp, wr, src, len) : write_leaf_locked<false>(qp, wr, src, len);
-  });
+ibv_send_wr* LocalContext::write_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
+  return run_leaves(
+      qp, wr, r, [](const ibv_send_wr& w) __attribute__((always_inline)) { return w.opcode == IBV_WR_RDMA_WRITE; },
+      [&](const ibv_send_wr& w) __attribute__((always_inline)) {
+        uint32_t len;
+        const void* src = leaf_source(qp, w, &len, kMaxMsgBytes);  // write_leaf's shape
+        if (!src) return Leaf::kNotHandled;
+        return len > 16 ? write_leaf_locked<true>(qp, w, src, len) : write_leaf_locked<false>(qp, w, src, len);
+      });
 }
 
-LocalContext::Leaf LocalContext::read_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
-  const ibv_sge* g = wr.sg_list;  // read_leaf's shape
-  void* dst = nullptr;
-  if (wr.num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
-    dst = fast_dest(qp, *g, g->length);
-  if (!dst) return Leaf::kNotHandled;
-  const uint32_t len = g->length;
-  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, wr, dst, len); });
+ibv_send_wr* LocalContext::read_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
+  return run_leaves(
+      qp, wr, r, [](const ibv_send_wr& w) __attribute__((always_inline)) { return w.opcode == IBV_WR_RDMA_READ; },
+      [&](const ibv_send_wr& w) __attribute__((always_inline)) {
+        const ibv_sge* g = w.sg_list;  // read_leaf's shape
+        void* dst = nullptr;
+        if (w.num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
+          dst = fast_dest(qp, *g, g->length);
+        return dst ? read_leaf_locked(qp, w, dst, g->length) : Leaf::kNotHandled;
+      });
 }
 
 int LocalContext::post_leaf_list(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  for (; wr; wr = wr->next) {
+  while (wr) {
     // The provider's choice for a single WR (Qp::leaf_off: a hint, each
     // leaf checks it all again under sq_lock).
     const uint8_t off = qp->leaf_off.load(std::memory_order_relaxed);
+    const uint32_t op = wr->opcode;
     Leaf r = Leaf::kNotHandled;
-    if (wr->opcode == IBV_WR_RDMA_WRITE) {
-      if (!(off & Qp::kLeafQueued)) r = write_leaf_one(qp, *wr);
-    } else if (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM) {
+    ibv_send_wr* at = wr;
+    if (op == IBV_WR_RDMA_WRITE) {
+      if (!(off & Qp::kLeafQueued)) at = write_leaf_run(qp, wr, &r);
+    } else if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
       if (!off)
-        r = send_leaf_one(qp, *wr);
+        at = send_leaf_run(qp, wr, &r);
       else if (off == Qp::kLeafSrq)
-        r = srq_send_leaf_one(qp, *wr);
-    } else if (wr->opcode == IBV_WR_RDMA_READ) {
-      if (!(off & Qp::kLeafQueued)) r = read_leaf_one(qp, *wr);
-    } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      if (!(off & Qp::kLeafQueued)) r = atomic_leaf_one(qp, *wr);
+        at = srq_send_leaf_run(qp, wr, &r);
+    } else if (op == IBV_WR_RDMA_READ) {
+      if (!(off & Qp::kLeafQueued)) at = read_leaf_run(qp, wr, &r);
+    } else if (is_atomic(op)) {
+      if (!(off & Qp::kLeafQueued)) at = atomic_leaf_run(qp, wr, &r);
     }
-    if (r == Leaf::kNotHandled) return post_send_list(qp, wr, bad_wr, leaf_general_, qp->user);
-    if (r == Leaf::kArmed) own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
+    if (r == Leaf::kNotHandled) return post_send_list(qp, at, bad_wr, leaf_general_, qp->user);
+    if (r == Leaf::kArmed) {
+      own_send_armed(qp->send_cq, IBV_WC_SUCCESS);
+      at = at->next;
+    }
+    wr = at;
   }
   return 0;
 }

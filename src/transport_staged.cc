@@ -423,8 +423,12 @@ int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, *wr); });
 }
 
-LocalContext::Leaf LocalContext::send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
-  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, wr); });
+ibv_send_wr* LocalContext::send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
+  return run_leaves(
+      qp, wr, r,
+      [](const ibv_send_wr& w)
+          __attribute__((always_inline)) { return w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM; },
+      [&](const ibv_send_wr& w) __attribute__((always_inline)) { return send_leaf_locked(qp, w); });
 }
 
 // send_leaf's receive completion went into a CQ armed for it: its channel

@@ -833,8 +833,12 @@ int LocalContext::srq_send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) n
                   [&]() __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, *wr); });
 }
 
-LocalContext::Leaf LocalContext::srq_send_leaf_one(Qp* qp, const ibv_send_wr& wr) noexcept {
-  return run_leaf_one(qp, [&]() __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, wr); });
+ibv_send_wr* LocalContext::srq_send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
+  return run_leaves(
+      qp, wr, r,
+      [](const ibv_send_wr& w)
+          __attribute__((always_inline)) { return w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM; },
+      [&](const ibv_send_wr& w) __attribute__((always_inline)) { return srq_send_leaf_locked<false>(qp, w); });
 }
 
 LocalContext::Leaf LocalContext::srq_send_leaf_large(Qp* qp, const ibv_send_wr& wr) noexcept {
