@@ -596,7 +596,8 @@ void stress_sender(int n) {
 // flushes of a move to ERR behind still unpolled successes, send and receive
 // completions of one CQ both delivered, an overrun from own sends alone,
 // resize with own completions pending, a channel woken by an own send
-// completion (also a solicited-only arming, by an error completion), two
+// completion (also by a list's, each WR of it once; a solicited-only
+// arming, by an error completion), two
 // posting threads on two QPs of one CQ with a third polling, the order of a
 // receive success, the send error after it and the flushes it causes, the
 // claim's switch between one and several producers under traffic, and
@@ -766,6 +767,43 @@ void own_sends() {
     CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "get_cq_event");
     std::vector<ibv_wc> w = poll_n(cq, 1);
     CHECK(w[0].wr_id == 1 && w[0].status == IBV_WC_SUCCESS, "armed: %llu", static_cast<unsigned long long>(w[0].wr_id));
+    // A list into the armed CQ, once the caches are warm (the second WRITE),
+    // so that the leaves take it WR by WR: its first WR fires the event, and
+    // every WR runs once, in order (the list goes on after the one that
+    // fired it).
+    post_write(a, mr, 10, mr->rkey, raddr);
+    w = poll_n(cq, 1);
+    CHECK(w[0].wr_id == 10 && w[0].status == IBV_WC_SUCCESS, "warm: %llu", static_cast<unsigned long long>(w[0].wr_id));
+    CHECK(ibv_req_notify_cq(cq, 0) == 0, "arm for the list");
+    {
+      ibv_sge sg[4];
+      ibv_send_wr wl[4]{};
+      for (int k = 0; k < 4; ++k) {
+        sg[k] = {reinterpret_cast<uint64_t>(mr->addr) + 64 + 8 * k, 8, mr->lkey};
+        wl[k].wr_id = 20 + k;
+        wl[k].sg_list = &sg[k];
+        wl[k].num_sge = 1;
+        wl[k].opcode = IBV_WR_RDMA_WRITE;
+        wl[k].send_flags = IBV_SEND_SIGNALED;
+        wl[k].wr.rdma.rkey = mr->rkey;
+        wl[k].wr.rdma.remote_addr = raddr + 8 * k;
+        wl[k].next = k < 3 ? &wl[k + 1] : nullptr;
+      }
+      ibv_send_wr* bad = nullptr;
+      CHECK(ibv_post_send(a, wl, &bad) == 0, "post_send of a list of 4");
+    }
+    CHECK(readable(ch->fd, 5000), "no event for a list's own send completion");
+    CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq, "get_cq_event (list)");
+    w = poll_n(cq, 4);
+    for (int k = 0; k < 4; ++k)
+      CHECK(w[k].wr_id == static_cast<uint64_t>(20 + k) && w[k].status == IBV_WC_SUCCESS, "list: %llu at %d",
+            static_cast<unsigned long long>(w[k].wr_id), k);
+    {
+      ibv_wc extra;
+      CHECK(ibv_poll_cq(cq, 1, &extra) == 0, "a WR of the list ran twice: %llu",
+            static_cast<unsigned long long>(extra.wr_id));
+    }
+    CHECK(!readable(ch->fd, 100), "a second event for the list without arming again");
     CHECK(ibv_req_notify_cq(cq, 1) == 0, "arm solicited-only");
     post_write(a, mr, 2, mr->rkey, raddr);
     w = poll_n(cq, 1);
@@ -777,7 +815,7 @@ void own_sends() {
     w = poll_n(cq, 1);
     CHECK(w[0].wr_id == 3 && w[0].status != IBV_WC_SUCCESS, "error completion: %llu status %d",
           static_cast<unsigned long long>(w[0].wr_id), w[0].status);
-    ibv_ack_cq_events(cq, 2);
+    ibv_ack_cq_events(cq, 3);
     CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(other) == 0,
           "destroy 4");
     CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel");
