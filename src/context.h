@@ -480,6 +480,9 @@ class LocalContext {
     if (!p || !(mrs_[layout::key_index(g.lkey)].access & kAccessLocalWrite)) return nullptr;
     return const_cast<void*>(p);
   }
+  // read_leaf's and atomic_leaf's shape and destination (transport_post.cc).
+  [[gnu::always_inline]] inline void* read_leaf_dest(const Qp* qp, const ibv_send_wr& wr) const noexcept;
+  [[gnu::always_inline]] inline void* atomic_leaf_dest(const Qp* qp, const ibv_send_wr& wr) const noexcept;
   template <bool kLarge>
   Leaf write_leaf_locked(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len) noexcept;
   Leaf read_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst, uint32_t len) noexcept;

@@ -509,16 +509,20 @@ int LocalContext::write_leaf_large(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr
   return leaf_complete(qp, wr.wr_id, IBV_WC_RDMA_READ, tail, len);  // complete_send's success
 }
 
+// read_leaf's shape (post_send's shape checks for this one shape; a WR
+// that fails one is declined, and post_send reports it): one SGE of 1 byte
+// to max_msg_sz (inline does not apply to a READ: check_send_shape), RC;
+// and its destination, that SGE through fast_dest. Else nullptr.
+void* LocalContext::read_leaf_dest(const Qp* qp, const ibv_send_wr& wr) const noexcept {
+  const ibv_sge* g = wr.sg_list;
+  if (wr.num_sge != 1 || !g || qp->qp_type != IBV_QPT_RC || g->length - 1 >= kMaxMsgBytes) return nullptr;
+  return fast_dest(qp, *g, g->length);
+}
+
 int LocalContext::read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  // post_send's shape checks for this one shape (a WR that fails one is
-  // declined, and post_send reports it): one SGE of 1 byte to max_msg_sz
-  // (inline does not apply to a READ: check_send_shape), RC.
-  const ibv_sge* g = wr->sg_list;
-  void* dst = nullptr;
-  if (wr->num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
-    dst = fast_dest(qp, *g, g->length);
+  void* dst = read_leaf_dest(qp, *wr);
   if (!dst) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
-  const uint32_t len = g->length;
+  const uint32_t len = wr->sg_list->length;
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return read_leaf_locked(qp, *wr, dst, len); });
 }
 
@@ -560,19 +564,17 @@ int LocalContext::read_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return leaf_complete(qp, wr.wr_id, cas ? IBV_WC_COMP_SWAP : IBV_WC_FETCH_ADD, tail, 8);  // complete_send's success
 }
 
-namespace {
-
 // The atomic leaf's shape (check_send_shape's for an atomic: one SGE of 8
 // bytes, inline ignored; RC only) and its destination: our SGE through
 // fast_dest, or nullptr.
-[[gnu::always_inline]] inline bool atomic_leaf_shape(const Qp* qp, const ibv_send_wr& wr) noexcept {
-  return wr.num_sge == 1 && wr.sg_list && wr.sg_list->length == 8 && qp->qp_type == IBV_QPT_RC;
+void* LocalContext::atomic_leaf_dest(const Qp* qp, const ibv_send_wr& wr) const noexcept {
+  const ibv_sge* g = wr.sg_list;
+  if (wr.num_sge != 1 || !g || g->length != 8 || qp->qp_type != IBV_QPT_RC) return nullptr;
+  return fast_dest(qp, *g, 8);
 }
 
-}  // namespace
-
 int LocalContext::atomic_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
-  void* dst = atomic_leaf_shape(qp, *wr) ? fast_dest(qp, *wr->sg_list, 8) : nullptr;
+  void* dst = atomic_leaf_dest(qp, *wr);
   if (!dst) return leaf_declined(qp, wr, bad_wr, Leaf::kNotHandled);
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return atomic_leaf_locked(qp, *wr, dst); });
 }
@@ -581,7 +583,7 @@ ibv_send_wr* LocalContext::atomic_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noe
   return run_leaves(
       qp, wr, r, [](const ibv_send_wr& w) __attribute__((always_inline)) { return is_atomic(w.opcode); },
       [&](const ibv_send_wr& w) __attribute__((always_inline)) {
-        void* dst = atomic_leaf_shape(qp, w) ? fast_dest(qp, *w.sg_list, 8) : nullptr;
+        void* dst = atomic_leaf_dest(qp, w);
         return dst ? atomic_leaf_locked(qp, w, dst) : Leaf::kNotHandled;
       });
 }
@@ -601,11 +603,8 @@ ibv_send_wr* LocalContext::read_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexc
   return run_leaves(
       qp, wr, r, [](const ibv_send_wr& w) __attribute__((always_inline)) { return w.opcode == IBV_WR_RDMA_READ; },
       [&](const ibv_send_wr& w) __attribute__((always_inline)) {
-        const ibv_sge* g = w.sg_list;  // read_leaf's shape
-        void* dst = nullptr;
-        if (w.num_sge == 1 && g && qp->qp_type == IBV_QPT_RC && g->length - 1 < kMaxMsgBytes)
-          dst = fast_dest(qp, *g, g->length);
-        return dst ? read_leaf_locked(qp, w, dst, g->length) : Leaf::kNotHandled;
+        void* dst = read_leaf_dest(qp, w);
+        return dst ? read_leaf_locked(qp, w, dst, w.sg_list->length) : Leaf::kNotHandled;
       });
 }
 
