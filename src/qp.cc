@@ -296,13 +296,14 @@ int LocalContext::post_recv_list(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) 
     rc = EINVAL;
   } else {
     const uint32_t max_sge = qp->caps.max_recv_sge;
+    BiasingGuard producers(qp->rq_lock);  // the ring's producers, one at a time
     for (; wr; wr = wr->next) {
       const int n = wr->num_sge;
       if (n < 0 || static_cast<uint32_t>(n) > max_sge || (n && !wr->sg_list)) [[unlikely]] {
         rc = EINVAL;
         break;
       }
-      rc = post_recv_wqe(qp->rq, wr->wr_id, wr->sg_list, static_cast<uint32_t>(n), &pos);
+      rc = post_recv_wqe<true>(qp->rq, wr->wr_id, wr->sg_list, static_cast<uint32_t>(n), &pos);
       if (rc) [[unlikely]]
         break;
       posted = true;

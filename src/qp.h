@@ -165,8 +165,12 @@ struct Qp {
   QpAttr attr;                     // last values set by modify_qp (for query_qp)
   layout::QpEntry* shared = nullptr;
 
-  // Receive queue (absent with an SRQ).
+  // Receive queue (absent with an SRQ). Its producers are the owner's
+  // posting threads, serialized by rq_lock (the thread that posts receives
+  // takes it without a locked instruction: biased_lock.h), so a post moves
+  // the ring's position with a plain store (Ring::try_reserve_sp).
   Ring rq;
+  BiasedLock rq_lock;
   uint64_t rq_off = 0, rq_bytes = 0;
 
   // Send queue: private ring of SendSlot. retire <= exec <= tail.

@@ -32,9 +32,12 @@ uint32_t recv_wqe_stride(uint32_t max_sge) noexcept;
 // then the num_sge SGEs at `sges` (16-byte SgeIn / ibv_sge / WireSge
 // entries, copied as bytes). The caller checked num_sge against the
 // queue's max_sge. 0 with *pos the ring position filled, ENOMEM (full) or
-// EAGAIN (contended). Inline: it is most of every post_recv.
+// EAGAIN (contended). Inline: it is most of every post_recv. kSerialized:
+// the caller holds the lock that serializes the ring's producers
+// (Ring::try_reserve_sp: no CAS).
+template <bool kSerialized = false>
 inline int post_recv_wqe(Ring ring, uint64_t wr_id, const void* sges, uint32_t num_sge, uint32_t* pos) noexcept {
-  RingResult r = ring.try_reserve();
+  RingResult r = kSerialized ? ring.try_reserve_sp() : ring.try_reserve();
   if (!r) [[unlikely]]
     return r.status == RingStatus::full ? ENOMEM : EAGAIN;
   const layout::RecvWqeHeader h{wr_id, num_sge, 0};

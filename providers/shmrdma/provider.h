@@ -140,6 +140,9 @@ struct IndTable {
 struct Srq {
   verbs_srq vsrq;  // vsrq.srq is what the application holds
   SrqInfo info;
+  // Every post_srq_recv holds it: the ring's producers one at a time
+  // (LocalContext::post_srq_recv's `serialized`).
+  BiasedLock post_lock;
 };
 
 // An XRC domain handle (xrcd.cc): index into the core's domain table.

@@ -141,19 +141,22 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcep
   LocalContext* core = to_ctx(ibsrq->context)->core;
   int rc = 0;
   bool posted = false;
-  for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
-      rc = EINVAL;
-    } else {
-      // The SGEs as posted (SgeIn has ibv_sge's layout: recv_queue.h).
-      rc = core->post_srq_recv(srq->info, wr->wr_id, reinterpret_cast<const SgeIn*>(wr->sg_list),
-                               static_cast<uint32_t>(wr->num_sge));
+  {
+    BiasingGuard producers(srq->post_lock);
+    for (; wr; wr = wr->next) {
+      if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
+        rc = EINVAL;
+      } else {
+        // The SGEs as posted (SgeIn has ibv_sge's layout: recv_queue.h).
+        rc = core->post_srq_recv(srq->info, wr->wr_id, reinterpret_cast<const SgeIn*>(wr->sg_list),
+                                 static_cast<uint32_t>(wr->num_sge), true);
+      }
+      if (rc) {
+        if (bad_wr) *bad_wr = wr;
+        break;
+      }
+      posted = true;
     }
-    if (rc) {
-      if (bad_wr) *bad_wr = wr;
-      break;
-    }
-    posted = true;
   }
   if (posted) core->srq_posted(srq->info);  // a sender may wait for these receives (RNR)
   return rc;
