@@ -1419,21 +1419,14 @@ TEST_F(Errors, ReceivesPostedByFourThreadsAtOnceAreEachTakenOnce) {
   make_pair(&p, o);
   ibv_sge s = p.a_sge(0, 8);
   for (uint32_t round = 0; round < 30; ++round) {
-    std::atomic<uint32_t> ready{0};
     std::atomic<int> failed{0};
-    std::vector<std::thread> threads;
-    for (uint32_t t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        ready.fetch_add(1);
-        while (ready.load() < kThreads) {
-        }
-        for (uint32_t i = 0; i < kEach; ++i) {
-          const uint32_t id = t * kEach + i;
-          ibv_sge g = p.b_sge(size_t{id} * 16, 16);
-          if (post_recv(p.b, id, &g, 1) != 0) failed.fetch_add(1);
-        }
-      });
-    for (auto& th : threads) th.join();
+    harness::all_at_once(kThreads, [&](uint32_t t) {
+      for (uint32_t i = 0; i < kEach; ++i) {
+        const uint32_t id = t * kEach + i;
+        ibv_sge g = p.b_sge(size_t{id} * 16, 16);
+        if (post_recv(p.b, id, &g, 1) != 0) failed.fetch_add(1);
+      }
+    });
     ASSERT_EQ(failed.load(), 0) << "round " << round << ": a post failed with room in the queue";
     std::vector<bool> seen(kDepth, false);
     for (uint32_t k = 0; k < kDepth; ++k) {

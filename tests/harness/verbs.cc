@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "process.h"
 
@@ -218,6 +220,20 @@ int bind_mw_type2(ibv_qp* qp, ibv_cq* cq, ibv_mw* mw, ibv_mr* mr, uint32_t rkey,
   int st = poll_status(cq, &wc);
   if (st == IBV_WC_SUCCESS && (wc.opcode != IBV_WC_BIND_MW || wc.wr_id != 12)) return 2000;
   return st;
+}
+
+void all_at_once(uint32_t n, const std::function<void(uint32_t)>& body) {
+  std::atomic<uint32_t> up{0};
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (uint32_t t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      up.fetch_add(1);
+      while (up.load() < n) {
+      }
+      body(t);
+    });
+  for (auto& th : threads) th.join();
 }
 
 }  // namespace harness

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace harness {
@@ -37,6 +38,10 @@ const char* qp_state_name(int s);
 // Polls one completion, up to timeout_ms. False on timeout; a negative
 // ibv_poll_cq result is reported in wc->status as -1 cast.
 bool poll_one(ibv_cq* cq, ibv_wc* wc, int timeout_ms = 5000);
+
+// Runs body(0) .. body(n - 1) on n threads that start together (each spins
+// until all are up) and joins them: posts that race one another.
+void all_at_once(uint32_t n, const std::function<void(uint32_t)>& body);
 
 // Polls one completion: its status, or -1 on timeout (*out gets it).
 int poll_status(ibv_cq* cq, ibv_wc* out = nullptr, int timeout_ms = 5000);

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstring>
 #include <set>
-#include <thread>
 #include <vector>
 
 #include "home.h"
@@ -929,20 +928,13 @@ TEST_F(SrqSmall, ReceivesPostedByFourThreadsAtOnceAreEachTakenOnce) {
   if (HasFatalFailure()) return;
   for (uint32_t round = 0; round < 30; ++round) {
     const uint32_t len = round % 2 ? 40 : 8;
-    std::atomic<uint32_t> ready{0};
     std::atomic<int> failed{0};
-    std::vector<std::thread> threads;
-    for (uint32_t t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        ready.fetch_add(1);
-        while (ready.load() < kThreads) {
-        }
-        for (uint32_t i = 0; i < kEach; ++i) {
-          const uint32_t id = t * kEach + i;
-          if (post_srq(s, id, kDst + uint64_t{id} * kSlot, kSlot) != 0) failed.fetch_add(1);
-        }
-      });
-    for (auto& th : threads) th.join();
+    harness::all_at_once(kThreads, [&](uint32_t t) {
+      for (uint32_t i = 0; i < kEach; ++i) {
+        const uint32_t id = t * kEach + i;
+        if (post_srq(s, id, kDst + uint64_t{id} * kSlot, kSlot) != 0) failed.fetch_add(1);
+      }
+    });
     ASSERT_EQ(failed.load(), 0) << "round " << round << ": a post failed with room in the SRQ";
     std::vector<bool> seen(kDepth, false);
     for (uint32_t k = 0; k < kDepth; ++k) {
