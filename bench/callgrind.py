@@ -292,7 +292,7 @@ def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> t
     root = os.geteuid() == 0
     server = (["nice", "-n", "-20"] if root else []) + pre + c["argv"] + iters_args(c["kind"], n) + \
         ["-p", str(port)]
-    client = pre + valgrind() + [f"--callgrind-out-file={out}"] + c["argv"] + \
+    client = pre + valgrind() + ["--dump-instr=yes", f"--callgrind-out-file={out}"] + c["argv"] + \
         iters_args(c["kind"], n) + ["-p", str(port), "localhost"]
     s = subprocess.Popen(["timeout", "300"] + server, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
@@ -319,7 +319,8 @@ def run_case(c: dict, n: int, shmrdma: str, home: str, port: int, tmp: str) -> t
         tail = " / ".join(ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("=="))[-300:]
         return None, f"client rc={r.returncode}: {tail}"
     total, funcs, spun, objs, spins = annotate(out)
-    res = {"total": total - spun, "spun": spun, "stores": program_stores(out, spins), "objs": objs}
+    res = {"total": total - spun, "spun": spun, "stores": program_stores(out, spins), "objs": objs,
+           "locked": locked_executed(out)}
     for k, rx in c["funcs"].items():
         res[k] = func_ir(funcs, rx)
     res["funcs"] = funcs
@@ -576,6 +577,8 @@ def main() -> int:
                 row["total"] = (got[1]["total"] - got[0]["total"]) / d
                 if got[0]["stores"] is not None and got[1]["stores"] is not None:
                     row["stores"] = (got[1]["stores"] - got[0]["stores"]) / d
+                if got[0]["locked"] is not None and got[1]["locked"] is not None:
+                    row["locked"] = (got[1]["locked"] - got[0]["locked"]) / d
                 row["spread"] = spread / d
                 if row["total"] <= 0:
                     row["why"] = "not a count: N2's run took fewer instructions than N1's (waiting)"
@@ -650,11 +653,17 @@ def main() -> int:
          "so when a message's bytes go to a line the target is polling (ucx_perftest's put_bw responder reads "
          "the buffer it is written into; every receiver polls its CQ), each later store waits behind that "
          "line's transfer once the store buffer is full (bench/README.md)", "",
-         "| case | whole initiating process | stores | provider post_send | provider poll_cq | note |",
-         "|---|---:|---:|---:|---:|---|"]
+         "- locked: the locked instructions among them (lock-prefixed, xchg with memory, mfence; see the "
+         "verbs_cost table below for what one costs), in every object of the process",
+         "",
+         "| case | whole initiating process | stores | locked | provider post_send | provider poll_cq | note |",
+         "|---|---:|---:|---:|---:|---:|---|"]
+
+    def g(v):
+        return "—" if v is None else f"{v:.1f}".rstrip("0").rstrip(".")
     for r in rows:
-        L.append(f"| {r['name']} | {f(r.get('total'))} | {f(r.get('stores'))} | {f(r.get('post_send'))} | "
-                 f"{f(r.get('poll_cq'))} | {r['why'] or ''} |")
+        L.append(f"| {r['name']} | {f(r.get('total'))} | {f(r.get('stores'))} | {g(r.get('locked'))} | "
+                 f"{f(r.get('post_send'))} | {f(r.get('poll_cq'))} | {r['why'] or ''} |")
     L.append("")
     by = {r["name"]: r.get("total") for r in rows}
     cases_by_name = {c["name"]: c for c in cases()}
@@ -700,8 +709,6 @@ def main() -> int:
               "| locked | note |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
 
-        def g(v):
-            return "—" if v is None else f"{v:.1f}".rstrip("0").rstrip(".")
         for r in verbs_rows:
             L.append(f"| {r['what']} | {f(r.get('post_send'))} | {f(r.get('post_send_stores'))} | "
                      f"{g(r.get('post_send_locked'))} | {f(r.get('poll_cq'))} | {g(r.get('poll_cq_locked'))} | "
