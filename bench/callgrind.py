@@ -659,8 +659,8 @@ def main() -> int:
          "| case | whole initiating process | stores | locked | provider post_send | provider poll_cq | note |",
          "|---|---:|---:|---:|---:|---:|---|"]
 
-    def g(v):
-        return "—" if v is None else f"{v:.1f}".rstrip("0").rstrip(".")
+    def g(v):  # a count that waiting moved by a fraction below zero is none
+        return "—" if v is None else f"{max(v, 0.0):.1f}".rstrip("0").rstrip(".")
     for r in rows:
         L.append(f"| {r['name']} | {f(r.get('total'))} | {f(r.get('stores'))} | {g(r.get('locked'))} | "
                  f"{f(r.get('post_send'))} | {f(r.get('poll_cq'))} | {r['why'] or ''} |")
