@@ -608,12 +608,11 @@ class LocalContext {
   int modify_srq(uint32_t index, uint32_t attr_mask, uint32_t max_wr, uint32_t srq_limit) noexcept;
   int query_srq(uint32_t index, uint32_t* max_wr, uint32_t* max_sge, uint32_t* srq_limit) noexcept;
   int destroy_srq(uint32_t index) noexcept;  // EBUSY while QPs use it
-  // Posts one receive. EINVAL: too many SGEs; ENOMEM: full. serialized:
-  // the caller holds a lock that every post to this SRQ takes (the
-  // provider's Srq::post_lock), so the ring's position moves with a plain
-  // store (Ring::try_reserve_sp); else lock-free with a CAS.
-  int post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge,
-                    bool serialized = false) noexcept;
+  // Posts one receive. EINVAL: too many SGEs; ENOMEM: full. The caller
+  // holds the lock every post to this SRQ takes (the provider's
+  // Srq::post_lock), so the ring's position moves with a plain store
+  // (Ring::try_reserve_sp).
+  int post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
   // After an ibv_post_srq_recv call posted at least one WQE: wakes the
   // initiators that wait for a receive on a QP attached to the SRQ.
   void srq_posted(const SrqInfo& srq) noexcept;

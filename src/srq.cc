@@ -8,8 +8,8 @@
 // An SRQ is a ring of receive WQEs in the owner's segment heap, described to
 // peers by an SrqEntry: the owner produces (post_srq_recv; several threads
 // may post, one at a time under the provider's Srq::post_lock, which the
-// thread that posts takes without a locked instruction), peers consume when a message arrives for any QP
-// attached to the SRQ (transport.cc reads the SrqEntry of the target QP).
+// thread that posts takes without a locked instruction), peers consume when
+// a message arrives for any QP attached to the SRQ (transport.cc reads the SrqEntry of the target QP).
 // The owner never consumes from it itself: moving a QP to the error state
 // does not flush the SRQ (it is not per QP), and destroying the SRQ simply
 // discards what is still posted.
@@ -155,12 +155,10 @@ int LocalContext::destroy_srq(uint32_t index) noexcept {
   return 0;
 }
 
-int LocalContext::post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge,
-                                bool serialized) noexcept {
+int LocalContext::post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
   if (num_sge > srq.max_sge || (num_sge && !sges)) return EINVAL;
   uint32_t pos = 0;
-  int rc = serialized ? post_recv_wqe<true>(srq.ring, wr_id, sges, num_sge, &pos)
-                      : post_recv_wqe(srq.ring, wr_id, sges, num_sge, &pos);
+  int rc = post_recv_wqe<true>(srq.ring, wr_id, sges, num_sge, &pos);
   if (rc == 0) warm_post_slot_.store(srq.ring.slot_address(pos + 1), std::memory_order_relaxed);
   return rc;
 }

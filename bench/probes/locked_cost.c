@@ -1,8 +1,9 @@
 /* What a locked instruction costs on this machine, for bench/callgrind.py's
  * report: a lock cmpxchg on a line in the L1 that nobody else touches, back
- * to back (each one's expected value the last one's result, as a protocol's
- * chain of CASes on its own records), against an ordinary load-add-store of
- * the same word.
+ * to back (as a protocol's chain of CASes on its own records; they succeed
+ * and fail in turn, since a success leaves the expected value behind, and a
+ * failed one is as locked as a successful one), against an ordinary
+ * load-add-store of the same word.
  *
  *   locked_cost [ITERS]
  *

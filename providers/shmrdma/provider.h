@@ -141,7 +141,7 @@ struct Srq {
   verbs_srq vsrq;  // vsrq.srq is what the application holds
   SrqInfo info;
   // Every post_srq_recv holds it: the ring's producers one at a time
-  // (LocalContext::post_srq_recv's `serialized`).
+  // (LocalContext::post_srq_recv reserves without a CAS).
   BiasedLock post_lock;
 };
 

@@ -149,7 +149,7 @@ int post_srq_recv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcep
       } else {
         // The SGEs as posted (SgeIn has ibv_sge's layout: recv_queue.h).
         rc = core->post_srq_recv(srq->info, wr->wr_id, reinterpret_cast<const SgeIn*>(wr->sg_list),
-                                 static_cast<uint32_t>(wr->num_sge), true);
+                                 static_cast<uint32_t>(wr->num_sge));
       }
       if (rc) {
         if (bad_wr) *bad_wr = wr;
