@@ -488,6 +488,21 @@ class LocalContext {
   Leaf read_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst, uint32_t len) noexcept;
   Leaf atomic_leaf_locked(Qp* qp, const ibv_send_wr& wr, void* dst) noexcept;
   Leaf send_leaf_locked(Qp* qp, const ibv_send_wr& wr) noexcept;
+  // A SEND leaf's open target (transport_staged.cc send_leaf_open): the
+  // peer, the target's QP entry, its receive CQ, the take record reserved
+  // at value v, the next position to promise; entered: counted into the
+  // CQ's producers (a run's, send_leaf_run).
+  struct StagedTarget {
+    Peer* peer;
+    layout::QpEntry* t;
+    layout::CqEntry* ce;
+    uint32_t cq_index, v, sn;
+    bool entered;
+  };
+  [[gnu::always_inline]] bool send_leaf_open(Qp* qp, StagedTarget* o) noexcept;
+  template <bool kInPlace, bool kRun>
+  [[gnu::always_inline]] Leaf send_leaf_one(Qp* qp, StagedTarget& o, const ibv_send_wr& wr, const void* src,
+                                            uint32_t len, uint32_t tail) noexcept;
   template <bool kInPlace>
   [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
   [[gnu::noinline]] Leaf send_leaf_in_place(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len,

@@ -44,41 +44,75 @@ enum class Fast { kFallback, kPushed, kArmed };
   return m == layout::kNotifyNext || (m == layout::kNotifySolicited && qualifies);
 }
 
-// P1-P4 of the producer protocol (cq.cc), unchanged, for a push into CQ entry
-// e (nullptr: none) that needs nothing more than their fast steps: the entry
-// live, no resize or destroy in progress, the ring geometry the one the
-// caller's cache validated, no timestamp, a free slot at the first try.
-// Anything else undoes P1 before anything was written (kFallback) and the
-// caller runs push_shared_cqe, which does it all. P4 is the same load,
-// seq_cst in place of the fence (below); kArmed: the CQ is armed for this
-// CQE and the caller fires it (fire_notify). The state is looked at before
-// P1 too, so a producer does not count itself into the entry of a CQ that
-// is gone. fill(payload) writes the CQE (sizeof(layout::Cqe) bytes) into the
-// reserved slot; `qualifies`: it is solicited or an error (armed_for).
-template <typename Fill>
-[[gnu::always_inline]] inline Fast push_common_with(const Peer& peer, layout::CqEntry* e, RingCache* cache,
-                                                    bool qualifies, Fill&& fill) noexcept {
+// P1 and the checks after it, push_common_with's first half, for a
+// producer that pushes one CQE or several in a row (send_leaf_run: a list's
+// SENDs into one CQ): true when it counted itself in (then push_entered,
+// once or more, and leave: P3); false, nothing counted, when the entry is
+// not live, a resize or destroy is in progress, the CQ keeps timestamps or
+// *cache does not hold its ring. The state is looked at before P1 too, so a
+// producer does not count itself into the entry of a CQ that is gone. While
+// counted in, the ring stays the one the cache holds (a resize or destroy
+// waits for producers to be 0), so the checks hold for every push.
+[[gnu::always_inline]] inline bool enter(const Peer& peer, layout::CqEntry* e, const RingCache* cache) noexcept {
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) [[unlikely]]  // A1 pairs with R1
-    return Fast::kFallback;
+    return false;
   e->producers.fetch_add(1, std::memory_order_seq_cst);  // P1
   if (e->resizing.load(std::memory_order_seq_cst) != 0 || e->state.load(std::memory_order_seq_cst) != layout::kLive ||
       (e->flags & layout::kCqTimestamp) || !cache_holds(cache, peer, e)) [[unlikely]] {
     e->producers.fetch_sub(1, std::memory_order_release);
-    return Fast::kFallback;
+    return false;
   }
-  const RingStatus st = cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill);  // P2
-  e->producers.fetch_sub(1, std::memory_order_release);                           // P3
-  if (st != RingStatus::ok) [[unlikely]]
-    return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
-  // P4 without take_notify's fence: the publication was a seq_cst CAS and
-  // this load is seq_cst, so against arm_cq's notify CAS, fence and later
-  // poll either this load sees the arming or that poll sees the CQE (in
-  // the single total order S of C++20 [atomics.order]: the CAS precedes
-  // this load; a load that missed the arming precedes arm_cq's fence, which
-  // precedes a CAS its poll missed). On x86 one locked instruction less.
+  return true;
+}
+[[gnu::always_inline]] inline void leave(layout::CqEntry* e) noexcept {
+  e->producers.fetch_sub(1, std::memory_order_release);  // P3
+}
+
+// P4 without take_notify's fence, after a publication (P2): the publication
+// was a seq_cst CAS and this load is seq_cst, so against arm_cq's notify
+// CAS, fence and later poll either this load sees the arming or that poll
+// sees the CQE (in the single total order S of C++20 [atomics.order]: the
+// CAS precedes this load; a load that missed the arming precedes arm_cq's
+// fence, which precedes a CAS its poll missed). On x86 one locked
+// instruction less.
+[[gnu::always_inline]] inline Fast published(const layout::CqEntry* e, bool qualifies) noexcept {
   if (armed_for(e->notify.load(std::memory_order_seq_cst), qualifies)) [[unlikely]]
     return Fast::kArmed;
   return Fast::kPushed;
+}
+
+// One push of a producer that entered (P2, then P4): fill(payload) writes
+// the CQE (sizeof(layout::Cqe) bytes) into the reserved slot. kFallback:
+// nothing was published (no free slot at the first try, or the poller gave
+// the slot up: push_shared_cqe does it all).
+template <typename Fill>
+[[gnu::always_inline]] inline Fast push_entered(const layout::CqEntry* e, RingCache* cache, bool qualifies,
+                                                Fill&& fill) noexcept {
+  if (cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill) != RingStatus::ok) [[unlikely]]  // P2
+    return Fast::kFallback;
+  return published(e, qualifies);
+}
+
+// P1-P4 of the producer protocol (cq.cc), unchanged, for a push into CQ entry
+// e (nullptr: none) that needs nothing more than their fast steps: the entry
+// live, no resize or destroy in progress, the ring geometry the one the
+// caller's cache validated, no timestamp, a free slot at the first try
+// (enter's checks). Anything else undoes P1 before anything was written
+// (kFallback) and the caller runs push_shared_cqe, which does it all.
+// kArmed: the CQ is armed for this CQE and the caller fires it
+// (fire_notify). fill(payload) writes the CQE (sizeof(layout::Cqe) bytes)
+// into the reserved slot; `qualifies`: it is solicited or an error
+// (armed_for).
+template <typename Fill>
+[[gnu::always_inline]] inline Fast push_common_with(const Peer& peer, layout::CqEntry* e, RingCache* cache,
+                                                    bool qualifies, Fill&& fill) noexcept {
+  if (!enter(peer, e, cache)) [[unlikely]]
+    return Fast::kFallback;
+  const RingStatus st = cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill);  // P2
+  leave(e);                                                                         // P3
+  if (st != RingStatus::ok) [[unlikely]]
+    return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
+  return published(e, qualifies);
 }
 
 // A CQE's 56 bytes into its slot in three 16-byte moves and one of 8: GCC

@@ -285,36 +285,58 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
 // in a Cqe, copied into a StagedCqe and copied again into the slot; the
 // bytes are loaded into registers (load_small) and go into that completion
 // without a buffer; no Exec or Deliver answers, no status out-parameter.
-// send_leaf_locked's rest, for the bytes in the completion (up to 16) or in
-// the buffer (kInPlace: 17 to kSendLeafMaxBytes).
-template <bool kInPlace>
-[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_staged(Qp* qp, const ibv_send_wr& wr,
-                                                                                const void* src, uint32_t len,
-                                                                                uint32_t tail) noexcept {
-  constexpr bool inl = !kInPlace;
-  // fast_target's hit, without its refresh (check_target).
+// In two parts, send_leaf_open and send_leaf_one, so that a list's SENDs
+// (send_leaf_run) open the target once for several.
+//
+// send_leaf_staged's first half, once per SEND (send_leaf) or once per run
+// of a list's SENDs (send_leaf_run): the target and its caches (fast_target's
+// hit, without its refresh: check_target; the receive ring as cached,
+// rq_ring_hit's; the receive CQ), then deliver_staged's order: the take
+// record reserved, then the state (seq_cst after the reservation: Dekker
+// with the owner's flush, stash_staged), then rx_staged_next. false: nothing
+// held (a record reserved is ended again).
+[[gnu::always_inline]] inline bool LocalContext::send_leaf_open(Qp* qp, StagedTarget* o) noexcept {
   Peer* pp = qp->peer.get();
-  if (!pp || qp->path_by_gid) return Leaf::kNotHandled;
-  Peer& peer = *pp;
-  layout::QpEntry* t = cached_target(qp, peer);
-  if (!t || !may_stage(wr.opcode, t)) return Leaf::kNotHandled;
-  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
-  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
-  // The target's receive ring as cached (rq_ring's hit) and its receive CQ.
-  const RingCache& rc = qp->target_rq_cache;
-  if (!rq_ring_hit(peer, t->rq_ring_offset, t->rq_capacity, t->rq_stride, rc)) return Leaf::kNotHandled;
+  if (!pp || qp->path_by_gid) return false;
+  layout::QpEntry* t = cached_target(qp, *pp);
+  // SEND and SEND_WITH_IMM stage alike (may_stage).
+  if (!t || !may_stage(IBV_WR_SEND, t)) return false;
+  if (!rq_ring_hit(*pp, t->rq_ring_offset, t->rq_capacity, t->rq_stride, qp->target_rq_cache)) return false;
   const uint32_t cq_index = t->recv_cq;
-  layout::CqEntry* ce = peer.cq(cq_index);
-  if (!ce) return Leaf::kNotHandled;
-
-  // deliver_staged: the record, then the state (seq_cst after the
-  // reservation: Dekker with the owner's flush, stash_staged), then the WQE
-  // at rx_staged_next, published, whose first buffer holds the message
-  // (anything else, catching up included, is deliver_staged's).
+  layout::CqEntry* ce = pp->cq(cq_index);
+  if (!ce) return false;
   uint32_t v = 0;
-  if (!take_reserve(t, holder_word_, &v)) return Leaf::kNotHandled;
+  if (!take_reserve(t, holder_word_, &v)) return false;
   const uint32_t ts = t->qp_state.load(std::memory_order_seq_cst);
-  const uint32_t sn = t->rx_staged_next.load(std::memory_order_relaxed);
+  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR) [[unlikely]] {
+    take_end(t, v);
+    return false;
+  }
+  *o = {pp, t, ce, cq_index, v, t->rx_staged_next.load(std::memory_order_relaxed), false};
+  return true;
+}
+
+// The rest of one SEND, with o open (a run's SEND first checks the room for
+// its send completion, which send_leaf_staged checks before it opens o):
+// the WQE at o.sn, published, whose first buffer holds the message
+// (anything else, catching up included, is deliver_staged's), the
+// completion into the receive CQ, the promise, the counters and the send
+// completion. kInPlace: the bytes (17 to kSendLeafMaxBytes) into the
+// buffer, else (up to 16) in the completion. kRun: one of a run's SENDs
+// (send_leaf_run), which holds o's record and counts itself into the CQ's
+// producers once (o.entered) for all of them; else the single SEND's push
+// (P1-P4) and the record ends here. kNotHandled: this SEND changed nothing
+// (a single one ends the record again; a run's caller ends it).
+template <bool kInPlace, bool kRun>
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_one(Qp* qp, StagedTarget& o,
+                                                                            const ibv_send_wr& wr, const void* src,
+                                                                            uint32_t len, uint32_t tail) noexcept {
+  constexpr bool inl = !kInPlace;
+  Peer& peer = *o.peer;
+  layout::QpEntry* t = o.t;
+  const uint32_t sn = o.sn;
+  const RingCache& rc = qp->target_rq_cache;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
   RingHandle h{};
   layout::RecvWqeHeader hd;
   layout::WireSge g;
@@ -323,13 +345,13 @@ template <bool kInPlace>
   // the bytes go into (not inl) must be reachable here (its local address:
   // the CMA tier is deliver_staged's).
   uint8_t* dst = nullptr;
-  if (ts - IBV_QPS_RTR > IBV_QPS_SQE - IBV_QPS_RTR || !rc.ring.published_at(sn, &h) ||
+  if ((kRun && signaled && !leaf_completion_ready(qp)) || !rc.ring.published_at(sn, &h) ||
       (std::memcpy(&hd, h.payload, sizeof hd), std::memcpy(&g, h.payload + sizeof hd, sizeof g), hd.num_sge == 0) ||
       g.length < len ||
       (!(dst = recv_write_hit(qp, peer, g.lkey, t->pd_index, g.addr, len)) &&
        (!remote_hit(qp, peer, g.lkey, false, t->pd_index, IBV_ACCESS_LOCAL_WRITE, g.addr, len, &r) ||
         (!inl && !(dst = r.local))))) {
-    take_end(t, v);
+    if constexpr (!kRun) take_end(t, o.v);
     return Leaf::kNotHandled;
   }
 
@@ -370,16 +392,33 @@ template <bool kInPlace>
     put(6, hi >> 32);
     static_assert(layout::kCqeSolicited == 1);
   };
-  const cqpush::Fast f = cqpush::push_common_with(peer, ce, &qp->target_cq_cache, solicited, fill);
+  cqpush::Fast f;
+  if constexpr (kRun) {
+    if (!o.entered) {
+      if (!cqpush::enter(peer, o.ce, &qp->target_cq_cache)) [[unlikely]]
+        return Leaf::kNotHandled;
+      o.entered = true;
+    }
+    f = cqpush::push_entered(o.ce, &qp->target_cq_cache, solicited, fill);
+  } else {
+    f = cqpush::push_common_with(peer, o.ce, &qp->target_cq_cache, solicited, fill);
+  }
   if (f == cqpush::Fast::kFallback) [[unlikely]] {
-    take_end(t, v);  // nothing was published
+    if constexpr (!kRun) take_end(t, o.v);  // nothing was published
     return Leaf::kNotHandled;
   }
-  if (f == cqpush::Fast::kArmed) [[unlikely]]
-    send_leaf_armed_peer(peer, qp, cq_index, ce, solicited);
-  // push_staged: the promise, the record ends; the next slot.
+  if (f == cqpush::Fast::kArmed) [[unlikely]] {
+    if constexpr (kRun) {
+      cqpush::leave(o.ce);  // the event fires outside the count; the run's next push counts itself in again
+      o.entered = false;
+    }
+    send_leaf_armed_peer(peer, qp, o.cq_index, o.ce, solicited);
+  }
+  // push_staged: the promise, the record ends (a run's, after its last
+  // SEND); the next slot.
   t->rx_staged_next.store(sn + 1, std::memory_order_relaxed);
-  take_done(t, v);
+  o.sn = sn + 1;
+  if constexpr (!kRun) take_done(t, o.v);
   __builtin_prefetch(rc.ring.slot_address(sn + 1), 0);
 
   // Counters: packets and bytes both ways, the send, the receive (sent_rc,
@@ -396,6 +435,19 @@ template <bool kInPlace>
   qp->sq_tail = qp->sq_exec = tail + 1;
   if (!signaled) return Leaf::kDone;
   return leaf_complete(qp, wr.wr_id, IBV_WC_SEND, tail);  // complete_send's success
+}
+
+// send_leaf_locked's rest, for the bytes in the completion (up to 16) or in
+// the buffer (kInPlace: 17 to kSendLeafMaxBytes).
+template <bool kInPlace>
+[[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_staged(Qp* qp, const ibv_send_wr& wr,
+                                                                                const void* src, uint32_t len,
+                                                                                uint32_t tail) noexcept {
+  // The send completion's room first (send_leaf_one checks it for a run).
+  if (((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
+  StagedTarget o;
+  if (!send_leaf_open(qp, &o)) return Leaf::kNotHandled;
+  return send_leaf_one<kInPlace, false>(qp, o, wr, src, len, tail);
 }
 
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp,
@@ -423,12 +475,63 @@ int LocalContext::send_leaf(Qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexc
   return run_leaf(qp, wr, bad_wr, [&]() __attribute__((always_inline)) { return send_leaf_locked(qp, *wr); });
 }
 
+// A run of a list's SENDs (post_leaf_list), each as send_leaf takes it, but
+// the take record reserved once and the receive CQ's producer count (P1/P3)
+// taken once for up to kSendRunMax of them: a SEND alone pays five locked
+// instructions (the record's reservation, P1, the CQ slot's reservation and
+// publication, P3), one of a run two (the slot's). The record stays
+// reserved across the run; each SEND's promise is made once its CQE is in,
+// as one SEND's, so the receiver, a flush (stash_staged waits for the
+// record) and a holder's death see what they see between two single SENDs.
+// Bounded so that the owner's flush waits no longer for a run than for a
+// few SENDs. The WR it stops at and *r as run_leaves answers them.
+constexpr int kSendRunMax = 16;
+
 ibv_send_wr* LocalContext::send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexcept {
-  return run_leaves(
-      qp, wr, r,
-      [](const ibv_send_wr& w)
-          __attribute__((always_inline)) { return w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM; },
-      [&](const ibv_send_wr& w) __attribute__((always_inline)) { return send_leaf_locked(qp, w); });
+  if (!qp->sq_lock.try_lock_owner()) {
+    *r = Leaf::kNotHandled;
+    return wr;
+  }
+  StagedTarget o{};
+  bool open = false;
+  int done = 0;  // SENDs of this opening
+  Leaf x = Leaf::kNotHandled;
+  const auto close = [&]() __attribute__((always_inline)) {
+    if (o.entered) cqpush::leave(o.ce);
+    if (done)
+      take_done(o.t, o.v);
+    else
+      take_end(o.t, o.v);
+    open = false;
+  };
+  for (;;) {
+    const uint32_t tail = qp->sq_tail;
+    uint32_t len;
+    const void* src;
+    if (!send_leaf_queue_ready(qp, tail) || !(src = leaf_source(qp, *wr, &len, kSendLeafMaxBytes))) {
+      x = Leaf::kNotHandled;
+      break;
+    }
+    if (!open) {
+      if (!send_leaf_open(qp, &o)) {
+        x = Leaf::kNotHandled;
+        break;
+      }
+      open = true;
+      done = 0;
+    }
+    x = len > kSendLeafInlineBytes ? send_leaf_one<true, true>(qp, o, *wr, src, len, tail)
+                                   : send_leaf_one<false, true>(qp, o, *wr, src, len, tail);
+    if (x == Leaf::kNotHandled) break;
+    ++done;
+    if (x != Leaf::kDone || !(wr = wr->next) || (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM))
+      break;
+    if (done == kSendRunMax) close();
+  }
+  if (open) close();
+  qp->sq_lock.unlock_owner();
+  *r = x;
+  return wr;
 }
 
 // send_leaf's receive completion went into a CQ armed for it: its channel

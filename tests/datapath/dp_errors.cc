@@ -234,6 +234,16 @@ class Errors : public ::testing::Test {
     return qp;
   }
 
+  // A pair for the list tests: 64 WRs each way, the receiver's RNR timer
+  // at its shortest (SENDs past the posted receives wait for more).
+  void make_list_pair(Pair* p) {
+    PairOpts o;
+    o.max_send_wr = 64;
+    o.max_recv_wr = 64;
+    o.b_min_rnr_timer = 1;
+    make_pair(p, o);
+  }
+
   // Two QPs, A in context 0 and B in context 1, with their own CQ and a
   // registered buffer each; connected and in RTS unless !o.connect.
   void make_pair(Pair* p, const PairOpts& o = PairOpts{}) {
@@ -1678,6 +1688,25 @@ ibv_send_wr* link_list(std::vector<ListWr>& ws) {
   return &ws[0].wr;
 }
 
+// Polls a list's completions for up to 10 s, until nsend send completions
+// (p.acq) and nrecv receive completions (p.bcq) are in; when `at` receives
+// are in, no more may arrive before more() posts receives.
+void poll_list(Pair& p, size_t nsend, size_t nrecv, size_t at, const std::function<void()>& more,
+               std::vector<ibv_wc>* sends, std::vector<ibv_wc>* recvs) {
+  ibv_wc wc{};
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  bool posted = false;
+  while ((sends->size() < nsend || recvs->size() < nrecv) && Clock::now() < deadline) {
+    if (ibv_poll_cq(p.acq, 1, &wc) == 1) sends->push_back(wc);
+    if (ibv_poll_cq(p.bcq, 1, &wc) == 1) recvs->push_back(wc);
+    if (!posted && recvs->size() == at) {
+      EXPECT_TRUE(no_completion(p.bcq, 20)) << "a SEND arrived without a receive";
+      more();
+      posted = true;
+    }
+  }
+}
+
 // Every kind of WR a single post takes on its cheapest path (WRITEs and
 // READs small and large, SENDs inline, small, in place and with immediate
 // data, atomics, signaled or not) posted as one list once every cache is warm, then
@@ -1686,12 +1715,8 @@ ibv_send_wr* link_list(std::vector<ListWr>& ws) {
 // follows them waits too): everything arrives, in the order posted, byte for
 // byte, and only the signaled WRs complete, each with its length.
 TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
-  PairOpts o;
-  o.max_send_wr = 64;
-  o.max_recv_wr = 64;
-  o.b_min_rnr_timer = 1;
   Pair p;
-  make_pair(&p, o);
+  make_list_pair(&p);
   for (size_t i = 0; i < kBuf; ++i) {
     p.abuf[i] = static_cast<uint8_t>(i * 13 + 1);
     p.bbuf[i] = static_cast<uint8_t>(i * 7 + 5);
@@ -1777,24 +1802,13 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(p.a, link_list(ws), &bad), 0);
   // The SENDs past the eighth receive wait; three more receives let them in.
-  ibv_wc wc{};
   std::vector<ibv_wc> sends, recvs;
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
   size_t signaled = 0, nsend = 0;
   for (const Want& w : want) {
     signaled += w.signaled;
     nsend += w.op == IBV_WR_SEND || w.op == IBV_WR_SEND_WITH_IMM;
   }
-  bool more = false;
-  while ((sends.size() < signaled || recvs.size() < nsend) && Clock::now() < deadline) {
-    if (ibv_poll_cq(p.acq, 1, &wc) == 1) sends.push_back(wc);
-    if (ibv_poll_cq(p.bcq, 1, &wc) == 1) recvs.push_back(wc);
-    if (!more && recvs.size() == 8) {
-      EXPECT_TRUE(no_completion(p.bcq, 20)) << "a SEND arrived without a receive";
-      post_recvs(3);
-      more = true;
-    }
-  }
+  poll_list(p, signaled, nsend, 8, [&] { post_recvs(3); }, &sends, &recvs);
   ASSERT_EQ(sends.size(), signaled) << "send completions";
   ASSERT_EQ(recvs.size(), nsend) << "receive completions";
   EXPECT_TRUE(no_completion(p.acq, 20));
@@ -1842,6 +1856,97 @@ TEST_F(Errors, AListOfEveryKindArrivesInOrderByteForByte) {
     }
   }
   EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
+}
+
+// A list of 40 small SENDs (1 to 64 bytes, from the MR and inline, every
+// third with immediate data, every other signaled), longer than one opening
+// of the target takes (the sender opens it for up to 16 SENDs at a time),
+// into 25 receives: the first 25 arrive at once, the rest wait for
+// receives (RNR) and arrive once 15 more are posted; every receive is taken
+// once, in the order posted, with its bytes, length and immediate data, and
+// nothing is written past a message's end; the signaled SENDs complete in
+// order.
+TEST_F(Errors, AListOfSendsLongerThanARunArrivesInOrder) {
+  Pair p;
+  make_list_pair(&p);
+  for (size_t i = 0; i < kBuf; ++i) p.abuf[i] = static_cast<uint8_t>(i * 13 + 1);
+  constexpr size_t kRecvOff = 4096, kRecvLen = 128;
+  constexpr uint8_t kCanary = 0xEE;
+  constexpr int kN = 40, kFirst = 25;
+  uint64_t rid = 500;
+  const auto post_recvs = [&](int n) {
+    for (int k = 0; k < n; ++k, ++rid) {
+      std::memset(p.bbuf + kRecvOff + (rid - 500) * kRecvLen, kCanary, kRecvLen);
+      ibv_sge r = p.b_sge(kRecvOff + (rid - 500) * kRecvLen, kRecvLen);
+      ASSERT_EQ(post_recv(p.b, rid, &r, 1), 0);
+    }
+  };
+  // One 8-byte SEND into one new receive: both complete, the receive with
+  // wr_id want.
+  const auto send_one = [&](uint64_t want) {
+    post_recvs(1);
+    ibv_sge s = p.a_sge(0, 8);
+    ASSERT_EQ(post(p.a, IBV_WR_SEND, 1, &s, 1), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(harness::poll_one(p.acq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    ASSERT_TRUE(harness::poll_one(p.bcq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc_str(wc);
+    EXPECT_EQ(wc.wr_id, want) << wc_str(wc);
+  };
+  // Warm-up: one SEND, so that every cache answers the list.
+  send_one(500);
+  post_recvs(kFirst);
+  const auto len_of = [](int i) { return static_cast<uint32_t>(1 + (i * 23) % 64); };
+  const auto off_of = [](int i) { return static_cast<size_t>(64 + i * 64); };
+  std::vector<ListWr> ws;
+  size_t signaled = 0;
+  for (int i = 0; i < kN; ++i) {
+    const ibv_wr_opcode op = i % 3 == 2 ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    const bool sig = i % 2 == 1 || i == kN - 1;
+    signaled += sig;
+    const bool inl = i % 4 == 0 && len_of(i) <= p.acap.max_inline_data;
+    ws.push_back(list_wr(op, static_cast<uint64_t>(10 + i), p.a_sge(off_of(i), len_of(i)), sig, 0, 0, inl));
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(p.a, link_list(ws), &bad), 0);
+  std::vector<ibv_wc> sends, recvs;
+  poll_list(p, signaled, kN, kFirst, [&] { post_recvs(kN - kFirst); }, &sends, &recvs);
+  ASSERT_EQ(recvs.size(), size_t{kN}) << "receive completions";
+  ASSERT_EQ(sends.size(), signaled) << "send completions";
+  EXPECT_TRUE(no_completion(p.bcq, 20));
+  EXPECT_TRUE(no_completion(p.acq, 20));
+  size_t si = 0;
+  for (int i = 0; i < kN; ++i) {
+    SCOPED_TRACE(i);
+    const ibv_send_wr& w = ws[static_cast<size_t>(i)].wr;
+    if (w.send_flags & IBV_SEND_SIGNALED) {
+      const ibv_wc& c = sends[si++];
+      EXPECT_EQ(c.wr_id, w.wr_id) << "send completions in the order posted: " << wc_str(c);
+      EXPECT_EQ(c.status, IBV_WC_SUCCESS) << wc_str(c);
+      EXPECT_EQ(c.opcode, IBV_WC_SEND) << wc_str(c);
+    }
+    const ibv_wc& c = recvs[static_cast<size_t>(i)];
+    const uint64_t r = 501 + static_cast<uint64_t>(i);  // after the warm-up's
+    EXPECT_EQ(c.wr_id, r) << "receives taken in the order posted: " << wc_str(c);
+    EXPECT_EQ(c.status, IBV_WC_SUCCESS) << wc_str(c);
+    EXPECT_EQ(c.opcode, IBV_WC_RECV) << wc_str(c);
+    EXPECT_EQ(c.byte_len, len_of(i)) << wc_str(c);
+    EXPECT_EQ(c.qp_num, p.b->qp_num) << wc_str(c);
+    const bool imm = w.opcode == IBV_WR_SEND_WITH_IMM;
+    EXPECT_EQ((c.wc_flags & IBV_WC_WITH_IMM) != 0, imm) << wc_str(c);
+    if (imm) {
+      EXPECT_EQ(ntohl(c.imm_data), 0x5000u + 10u + static_cast<uint32_t>(i));
+    }
+    const uint8_t* got = p.bbuf + kRecvOff + (r - 500) * kRecvLen;
+    for (uint32_t j = 0; j < len_of(i); ++j) ASSERT_EQ(got[j], p.abuf[off_of(i) + j]) << "SEND byte " << j;
+    for (uint32_t j = len_of(i); j < kRecvLen; ++j) ASSERT_EQ(got[j], kCanary) << "written past the end, byte " << j;
+  }
+  EXPECT_EQ(harness::qp_state(p.a), IBV_QPS_RTS);
+  // The sender counted itself out of the receive CQ's producers: a resize,
+  // which waits for them, succeeds, and a SEND lands in the new ring.
+  EXPECT_EQ(ibv_resize_cq(p.bcq, p.bcq->cqe * 2), 0) << "the receive CQ's producers did not drain";
+  send_one(500 + kN + 1);
 }
 
 // A list whose third WR is bad: the two before it are done (on their

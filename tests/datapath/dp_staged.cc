@@ -21,7 +21,9 @@
 //     take their own path, up to 16 bytes); the last one solicited into the
 //     receiver's CQ armed for solicited events, whose channel gets the event.
 // Each runs again with SHMRDMA_STAGED_SEND=0 (every SEND takes the WQE
-// itself), which must give the same results.
+// itself), and again with each command's SENDs posted as one list (the
+// sender's list of small SENDs opens the target once for several), which
+// must give the same results.
 //
 // As a gtest it starts `dp_staged --worker owner|peer` connected by a
 // socketpair on fd 3. The owner receives; the peer sends on command:
@@ -100,19 +102,40 @@ int run_peer() {
   Hello owner = harness::exchange_hello(ctx, qp);
   if (!connect_qp(qp, owner)) die("connect");
   harness::LineReader ctl(harness::kCtlFd);
+  // With DP_STAGED_LIST a command's SENDs are posted as one list (post
+  // gathers them, post_list posts them), else one by one.
+  const bool as_list = std::getenv("DP_STAGED_LIST") != nullptr;
+  ibv_sge sges[kMaxMsgs];
+  ibv_send_wr wrs[kMaxMsgs];
+  int listed = 0;
   auto post = [&](int i, uint32_t len, unsigned flags = 0) {
     uint8_t* p = buf + static_cast<size_t>(i % kMaxMsgs) * kSlot;
     for (size_t j = 0; j < len; ++j) p[j] = pattern(i, j);
-    ibv_sge s{reinterpret_cast<uintptr_t>(p), len, mr->lkey};
-    ibv_send_wr wr{};
+    if (listed == kMaxMsgs) die("more than %d SENDs in one list", kMaxMsgs);
+    ibv_sge& s = sges[listed];
+    ibv_send_wr& wr = wrs[listed];
+    s = {reinterpret_cast<uintptr_t>(p), len, mr->lkey};
+    wr = {};
     wr.wr_id = static_cast<uint64_t>(i);
     wr.opcode = msg_imm(i) ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
     wr.imm_data = msg_imm_value(i);
     wr.send_flags = IBV_SEND_SIGNALED | flags;
     wr.sg_list = &s;
     wr.num_sge = 1;
+    if (listed) wrs[listed - 1].next = &wr;
+    ++listed;
+    if (as_list) return 0;
+    listed = 0;
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp, &wr, &bad);
+  };
+  // The gathered list, if any: 0 when ibv_post_send took all of it.
+  auto post_list = [&]() {
+    if (!listed) return 0;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp, wrs, &bad);
+    listed = 0;
+    return rc;
   };
   // Polls k send completions: 0 when each succeeded in order, else the
   // first bad status (or 2000 for a wrong wr_id).
@@ -139,11 +162,12 @@ int run_peer() {
     if (cmd == "postall" || cmd == "burst") {
       if (k < 0 || k > kMaxMsgs) die("bad command %s", line.c_str());
       for (int i = 0; i < k && !st; ++i) st = post(i, msg_len(i)) ? 1000 : 0;
+      if (!st) st = post_list() ? 1000 : 0;
       if (!st && cmd == "burst") st = reap(k);
     } else if (cmd == "reap") {
       st = reap(k);
     } else if (cmd == "one") {  // message 0's pattern, k bytes
-      st = post(0, static_cast<uint32_t>(k)) ? 1000 : reap(1);
+      st = post(0, static_cast<uint32_t>(k)) || post_list() ? 1000 : reap(1);
     } else if (cmd == "sizes") {  // messages k .. k+n-1 of the sizes scenario
       int n = 0;
       in >> n;
@@ -152,6 +176,7 @@ int run_peer() {
         const unsigned flags = (size_inline(i) ? IBV_SEND_INLINE : 0) | (i == k + n - 1 ? IBV_SEND_SOLICITED : 0);
         st = post(i, size_len(i), flags) ? 1000 : 0;
       }
+      if (!st) st = post_list() ? 1000 : 0;
       if (!st) st = reap(n, k);
     } else if (cmd == "reconnect") {
       st = reconnect(qp, owner) ? 0 : 1;
@@ -373,26 +398,38 @@ int run_owner() {
   return harness::check_failures ? 1 : 0;
 }
 
-class Staged : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+// How the peer sends: staged one by one, unstaged (SHMRDMA_STAGED_SEND=0),
+// or staged with each command's SENDs in one list (a list's SENDs share one
+// opening of the target: send_leaf_run).
+enum Mode { kStaged, kUnstaged, kStagedList };
+
+class Staged : public ::testing::TestWithParam<std::tuple<const char*, Mode>> {};
 
 TEST_P(Staged, Pair) {
   HARNESS_REQUIRE_DEVICE();
   ::setenv("DP_STAGED_ONLY", std::get<0>(GetParam()), 1);
-  if (std::get<1>(GetParam()))
-    ::unsetenv("SHMRDMA_STAGED_SEND");
-  else
+  const Mode m = std::get<1>(GetParam());
+  if (m == kUnstaged)
     ::setenv("SHMRDMA_STAGED_SEND", "0", 1);
+  else
+    ::unsetenv("SHMRDMA_STAGED_SEND");
+  if (m == kStagedList)
+    ::setenv("DP_STAGED_LIST", "1", 1);
+  else
+    ::unsetenv("DP_STAGED_LIST");
   harness::Result o = harness::run_worker_pair({}, 60);
   ::unsetenv("SHMRDMA_STAGED_SEND");
+  ::unsetenv("DP_STAGED_LIST");
   EXPECT_NE(o.out.find("OWNER done: 0 failure(s)"), std::string::npos) << o.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, Staged,
                          ::testing::Combine(::testing::Values("order", "flush", "reset", "short", "destroy", "sizes"),
-                                            ::testing::Bool()),
+                                            ::testing::Values(kStaged, kUnstaged, kStagedList)),
                          [](const auto& info) {
+                           const Mode m = std::get<1>(info.param);
                            return std::string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_staged" : "_unstaged");
+                                  (m == kStaged ? "_staged" : m == kUnstaged ? "_unstaged" : "_staged_list");
                          });
 
 }  // namespace
