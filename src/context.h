@@ -3,8 +3,9 @@
 // translates ibv_* structs to these calls.
 //
 // Threading: control-path calls (create/modify/destroy) serialise on an
-// internal mutex. Data-path calls (post_wq_recv, poll_cq) take no lock; the
-// rings are lock-free.
+// internal mutex. Data-path calls (post_wq_recv, poll_cq) take no lock of
+// the core's (a receive queue's posts hold the provider's lock of that
+// queue: one producer at a time); the rings are lock-free.
 #pragma once
 
 #include <emmintrin.h>
@@ -314,6 +315,9 @@ class LocalContext {
   int modify_wq(uint32_t index, uint32_t attr_mask, WqState curr, WqState next, WqState* state_out) noexcept;
   int destroy_wq(uint32_t index) noexcept;  // EBUSY while in an indirection table
   // Posts one receive. EINVAL: too many SGEs or WQ in RESET; ENOMEM: full.
+  // The caller holds the lock every post to this WQ takes (the provider's
+  // Wq::post_lock), so the ring's position moves with a plain store
+  // (Ring::try_reserve_sp).
   int post_wq_recv(const WqInfo& wq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept;
   WqState wq_state(uint32_t index) const noexcept;
 

@@ -303,7 +303,7 @@ int LocalContext::post_recv_list(Qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) 
         rc = EINVAL;
         break;
       }
-      rc = post_recv_wqe<true>(qp->rq, wr->wr_id, wr->sg_list, static_cast<uint32_t>(n), &pos);
+      rc = post_recv_wqe(qp->rq, wr->wr_id, wr->sg_list, static_cast<uint32_t>(n), &pos);
       if (rc) [[unlikely]]
         break;
       posted = true;

@@ -28,16 +28,18 @@ static_assert(sizeof(SgeIn) == sizeof(layout::WireSge) && offsetof(SgeIn, length
 // Slot stride of a receive ring whose WQEs hold up to max_sge SGEs.
 uint32_t recv_wqe_stride(uint32_t max_sge) noexcept;
 
-// Writes one receive WQE into the ring (MPMC-safe producer): its header,
-// then the num_sge SGEs at `sges` (16-byte SgeIn / ibv_sge / WireSge
-// entries, copied as bytes). The caller checked num_sge against the
-// queue's max_sge. 0 with *pos the ring position filled, ENOMEM (full) or
-// EAGAIN (contended). Inline: it is most of every post_recv. kSerialized:
-// the caller holds the lock that serializes the ring's producers
-// (Ring::try_reserve_sp: no CAS).
-template <bool kSerialized = false>
+// Writes one receive WQE into the ring: its header, then the num_sge SGEs
+// at `sges` (16-byte SgeIn / ibv_sge / WireSge entries, copied as bytes).
+// The caller holds the lock that serializes the ring's producers (every
+// receive ring has one kind of producer, its owner's posting threads: a
+// QP's Qp::rq_lock, the provider's Srq::post_lock and Wq::post_lock), so
+// the position moves with a plain store (Ring::try_reserve_sp: no CAS); it
+// checked num_sge against the queue's max_sge. 0 with *pos the ring
+// position filled, ENOMEM (full) or EAGAIN (the slot is ahead of the
+// producer position: the ring's shared state was overwritten). Inline: it
+// is most of every post_recv.
 inline int post_recv_wqe(Ring ring, uint64_t wr_id, const void* sges, uint32_t num_sge, uint32_t* pos) noexcept {
-  RingResult r = kSerialized ? ring.try_reserve_sp() : ring.try_reserve();
+  RingResult r = ring.try_reserve_sp();
   if (!r) [[unlikely]]
     return r.status == RingStatus::full ? ENOMEM : EAGAIN;
   const layout::RecvWqeHeader h{wr_id, num_sge, 0};

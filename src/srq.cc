@@ -158,7 +158,7 @@ int LocalContext::destroy_srq(uint32_t index) noexcept {
 int LocalContext::post_srq_recv(const SrqInfo& srq, uint64_t wr_id, const SgeIn* sges, uint32_t num_sge) noexcept {
   if (num_sge > srq.max_sge || (num_sge && !sges)) return EINVAL;
   uint32_t pos = 0;
-  int rc = post_recv_wqe<true>(srq.ring, wr_id, sges, num_sge, &pos);
+  int rc = post_recv_wqe(srq.ring, wr_id, sges, num_sge, &pos);
   if (rc == 0) warm_post_slot_.store(srq.ring.slot_address(pos + 1), std::memory_order_relaxed);
   return rc;
 }

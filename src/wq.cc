@@ -1,8 +1,10 @@
 // Receive work queues (IBV_WQT_RQ) and their indirection tables.
 //
 // A WQ is a ring of receive WQEs in the owner's segment: the owner produces
-// (post_wq_recv, lock-free, several threads may post), peers consume when a
-// message arrives, and the owner itself consumes when it flushes the queue.
+// (post_wq_recv; several threads may post, one at a time under the
+// provider's Wq::post_lock, which the thread that posts takes without a
+// locked instruction), peers consume when a message arrives, and the owner
+// itself consumes when it flushes the queue.
 #include <algorithm>
 #include <cerrno>
 #include <cstring>

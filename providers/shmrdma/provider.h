@@ -82,6 +82,9 @@ struct Cq {
 struct Wq {
   ibv_wq ibv;
   WqInfo info;
+  // Every post to this WQ holds it (post_wq_recv): the core's ring then has
+  // one producer at a time (LocalContext::post_wq_recv).
+  BiasedLock post_lock;
 };
 
 struct Dm;

@@ -20,6 +20,7 @@ namespace {
 int post_wq_recv(ibv_wq* ibwq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
   Wq* wq = to_wq(ibwq);
   LocalContext* core = to_ctx(ibwq->context)->core;
+  BiasingGuard producers(wq->post_lock);
   for (; wr; wr = wr->next) {
     int rc = 0;
     if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > wq->info.max_sge || (wr->num_sge && !wr->sg_list)) {
