@@ -7,7 +7,7 @@
 // As a gtest (no arguments) it starts two workers of this executable
 // through `shmrdma run`, connected by a socketpair on fd 3:
 //
-//   dp_fault --worker a|b --mode send|write|read|mixed|bigsend|rnr --idle 0|1
+//   dp_fault --worker a|b --mode send|write|read|mixed|bigsend|rnr|smalllist --idle 0|1
 //
 // Both workers stream to each other (all WRs signaled; receives kept
 // posted). In mode rnr the idle worker posts no receive and sends nothing,
@@ -123,7 +123,34 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
   if (!(rnr && idle))
     for (uint32_t i = 0; i < kRecvs; ++i) post_recv(), ++recv_outstanding;
 
+  // Mode smalllist: lists of kList small SENDs (8 to 40 bytes, every other
+  // one with immediate data), each SEND's bytes in its receive completion or
+  // moved within the push: the peer dies with its run of a list's SENDs
+  // open on our QP (its take record reserved, counted into our CQ).
+  constexpr uint32_t kList = 8;
+  const uint32_t batch = mode == "smalllist" ? kList : 1;
+  auto post_list = [&]() -> int {
+    ibv_sge sg[kList];
+    ibv_send_wr wr[kList]{};
+    for (uint32_t k = 0; k < kList; ++k) {
+      const uint64_t id = next_id++;
+      sg[k] = {reinterpret_cast<uintptr_t>(buf + (id % 32) * 64), static_cast<uint32_t>(8 + (id % 5) * 8), mr->lkey};
+      wr[k].wr_id = id;
+      wr[k].opcode = id % 2 ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+      wr[k].imm_data = htonl(static_cast<uint32_t>(id));
+      wr[k].sg_list = &sg[k];
+      wr[k].num_sge = 1;
+      wr[k].send_flags = IBV_SEND_SIGNALED;
+      wr[k].next = k + 1 < kList ? &wr[k + 1] : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp, wr, &bad);
+    // What precedes *bad_wr was posted (and completes).
+    sends_outstanding += rc ? static_cast<uint64_t>(bad - wr) : kList;
+    return rc;
+  };
   auto post_send = [&]() -> int {
+    if (batch > 1) return post_list();
     uint64_t id = next_id++;
     ibv_wr_opcode op = IBV_WR_SEND;
     uint32_t len = 4096;
@@ -178,7 +205,7 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
           harness::qp_state_name(harness::qp_state(qp)));
     }
     if (!have_err && !(rnr && idle)) {
-      while (sends_outstanding < (rnr ? 4u : kMaxOutstanding)) {
+      while (sends_outstanding + batch <= (rnr ? 4u : kMaxOutstanding)) {
         if (int rc = post_send()) die("%s: ibv_post_send while streaming: %s", name.c_str(), std::strerror(rc));
       }
     }
@@ -195,6 +222,19 @@ int run_worker(const std::string& name, const std::string& mode, bool idle) {
           die("%s: a %s completed successfully after the error completion %s: %s", name.c_str(),
               is_recv ? "receive" : "send", harness::wc_str(first_err).c_str(), harness::wc_str(wc[i]).c_str());
         ++good;
+        if (is_recv && batch > 1) {
+          // A small SEND of the peer's lists: its length (8 + (id % 5) * 8,
+          // id in the immediate data of the odd ones), its bytes, and the
+          // rest of the buffer's marked 64 bytes untouched.
+          const uint64_t idx = wc[i].wr_id & ~(1ull << 63);
+          const uint8_t* b = buf + kBufLen + (idx % kRecvs) * kRecvSlot;
+          const bool imm = wc[i].wc_flags & IBV_WC_WITH_IMM;
+          const uint32_t id = ntohl(wc[i].imm_data);
+          bool ok = wc[i].opcode == IBV_WC_RECV && wc[i].byte_len >= 8 && wc[i].byte_len <= 40 &&
+                    wc[i].byte_len % 8 == 0 && (!imm || (id % 2 == 1 && wc[i].byte_len == 8 + (id % 5) * 8));
+          for (uint32_t j = 0; ok && j < 64; ++j) ok = b[j] == (j < wc[i].byte_len ? 0x5a : 0x11);
+          if (!ok) die("%s: a small SEND arrived wrong: %s", name.c_str(), harness::wc_str(wc[i]).c_str());
+        }
         if (is_recv) post_recv(), ++recv_outstanding;
         continue;
       }
@@ -332,15 +372,17 @@ void kill_round(const std::string& mode) {
 TEST_P(Fault, PeerKilledMidStream) {
   HARNESS_REQUIRE_DEVICE();
   // The peer dies at a random point of its work; bigsend repeats the kill to
-  // hit the window inside a SEND more surely.
-  const int rounds = GetParam() == "bigsend" ? 5 : 1;
+  // hit the window inside a SEND more surely, and
+  // smalllist repeats it to kill the peer inside a run of a list's SENDs
+  // more surely.
+  const int rounds = GetParam() == "bigsend" ? 5 : GetParam() == "smalllist" ? 3 : 1;
   for (int r = 0; r < rounds && !HasFailure(); ++r) {
     SCOPED_TRACE("round " + std::to_string(r + 1) + " of " + std::to_string(rounds));
     kill_round(GetParam());
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Fault, ::testing::Values("send", "write", "read", "mixed", "bigsend", "rnr"),
+INSTANTIATE_TEST_SUITE_P(Modes, Fault, ::testing::Values("send", "write", "read", "mixed", "bigsend", "rnr", "smalllist"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
