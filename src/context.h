@@ -506,7 +506,7 @@ class LocalContext {
   [[gnu::always_inline]] bool send_leaf_open(Qp* qp, StagedTarget* o) noexcept;
   template <bool kInPlace, bool kRun>
   [[gnu::always_inline]] Leaf send_leaf_one(Qp* qp, StagedTarget& o, const ibv_send_wr& wr, const void* src,
-                                            uint32_t len, uint32_t tail) noexcept;
+                                            uint32_t len, uint32_t tail, bool signaled) noexcept;
   template <bool kInPlace>
   [[gnu::always_inline]] Leaf send_leaf_staged(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len, uint32_t tail) noexcept;
   [[gnu::noinline]] Leaf send_leaf_in_place(Qp* qp, const ibv_send_wr& wr, const void* src, uint32_t len,

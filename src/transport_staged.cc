@@ -330,13 +330,13 @@ constexpr uint32_t kSendLeafInlineBytes = 16;
 template <bool kInPlace, bool kRun>
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_one(Qp* qp, StagedTarget& o,
                                                                             const ibv_send_wr& wr, const void* src,
-                                                                            uint32_t len, uint32_t tail) noexcept {
+                                                                            uint32_t len, uint32_t tail,
+                                                                            bool signaled) noexcept {
   constexpr bool inl = !kInPlace;
   Peer& peer = *o.peer;
   layout::QpEntry* t = o.t;
   const uint32_t sn = o.sn;
   const RingCache& rc = qp->target_rq_cache;
-  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
   RingHandle h{};
   layout::RecvWqeHeader hd;
   layout::WireSge g;
@@ -444,10 +444,11 @@ template <bool kInPlace>
                                                                                 const void* src, uint32_t len,
                                                                                 uint32_t tail) noexcept {
   // The send completion's room first (send_leaf_one checks it for a run).
-  if (((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
+  const bool signaled = (wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+  if (signaled && !leaf_completion_ready(qp)) return Leaf::kNotHandled;
   StagedTarget o;
   if (!send_leaf_open(qp, &o)) return Leaf::kNotHandled;
-  return send_leaf_one<kInPlace, false>(qp, o, wr, src, len, tail);
+  return send_leaf_one<kInPlace, false>(qp, o, wr, src, len, tail, signaled);
 }
 
 [[gnu::always_inline]] inline LocalContext::Leaf LocalContext::send_leaf_locked(Qp* qp,
@@ -520,8 +521,9 @@ ibv_send_wr* LocalContext::send_leaf_run(Qp* qp, ibv_send_wr* wr, Leaf* r) noexc
       open = true;
       done = 0;
     }
-    x = len > kSendLeafInlineBytes ? send_leaf_one<true, true>(qp, o, *wr, src, len, tail)
-                                   : send_leaf_one<false, true>(qp, o, *wr, src, len, tail);
+    const bool signaled = (wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all;
+    x = len > kSendLeafInlineBytes ? send_leaf_one<true, true>(qp, o, *wr, src, len, tail, signaled)
+                                   : send_leaf_one<false, true>(qp, o, *wr, src, len, tail, signaled);
     if (x == Leaf::kNotHandled) break;
     ++done;
     if (x != Leaf::kDone || !(wr = wr->next) || (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM))
