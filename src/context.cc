@@ -39,7 +39,6 @@ int LocalContext::open(const DevicePaths& paths, uint64_t heap_size, std::unique
     c->mr_slots_ = static_cast<uint32_t>(c->mrs_.size());
     c->qps_.resize(c->layout_.qp_slots);
     c->live_qps_.reserve(c->layout_.qp_slots);
-    c->last_recv_tag_.reset(new std::atomic<uint8_t>[c->layout_.qp_slots]());
     c->staged_rx_.reset(new StagedRx[c->layout_.qp_slots]);
     // SHMRDMA_STAGED_SEND=0: SENDs take the receiver's WQE themselves, as
     // into a QP with an SRQ (to compare, and to test that path).

@@ -36,6 +36,7 @@
 #include "local_cq.h"
 #include "ring.h"
 #include "segment.h"
+#include "cq_push.h"
 
 namespace shmrdma {
 
@@ -232,8 +233,8 @@ class LocalContext {
   }
   // Takes position p's slot h, found published for p (Ring::published_for):
   // converts its CQE into *w (cqe_to_wc: every shared byte read once; *ts
-  // its timestamp), notes a receive completion's take tag, and gives the
-  // slot back (Ring::release_sc). The single consumer's, like poll_cq_wc.
+  // its timestamp), prefetches a receive's buffer, and gives the slot back
+  // (Ring::release_sc). The single consumer's, like poll_cq_wc.
   // A staged CQE (layout.h StagedCqe, told by its status) is left as it is
   // (false): take_staged takes it, out of line, so that the common path
   // makes no call.
@@ -254,17 +255,12 @@ class LocalContext {
       if (status == layout::kStagedStatus || status == layout::kSrqInlineStatus) return false;
       w->status = IBV_WC_GENERAL_ERR;
     }
-    // Before the release: flush_qp reads the ring, then this (see
-    // recv_completion_delivered). From the private copy just written.
+    // A receive's buf_hint: the line the initiator wrote starts back now
+    // (in a CQ with timestamps a stamp is prefetched in vain: a prefetch
+    // never faults).
     if ((w->opcode & IBV_WC_RECV) && w->status != IBV_WC_WR_FLUSH_ERR) [[unlikely]] {
-      // A receive's buf_hint: the line the initiator wrote starts back now
-      // (in a CQ with timestamps a stamp is prefetched in vain: a prefetch
-      // never faults).
       if (const uint64_t hint = __atomic_load_n(w6, __ATOMIC_RELAXED))
         __builtin_prefetch(reinterpret_cast<const void*>(hint));
-      const uint32_t qi = layout::qpn_index(w->qp_num);
-      const uint8_t tag = reinterpret_cast<const uint8_t*>(w)[kWcTakeTag];
-      if (qi < layout_.qp_slots) last_recv_tag_[qi].store(tag, std::memory_order_relaxed);
     }
     ring.release_sc(h, p);
     return true;
@@ -285,8 +281,9 @@ class LocalContext {
   // Cqe's layout: each 16 bytes are masked in their register (opcode to 8
   // bits, QP numbers to 24, wc_flags to the flags that exist, the SL to 4
   // bits, the CQE's flags byte cleared) and stored; the last byte, padding in
-  // an ibv_wc, keeps the CQE's take tag (take_cqe reads it from there). The
-  // caller then clamps the status, a private copy by now (take_cqe).
+  // an ibv_wc, keeps the CQE's take_tag byte (a StagedCqe's kind: take_staged
+  // reads it there). The caller then clamps the status, a private copy by
+  // now (take_cqe).
   static void cqe_to_wc(const std::byte* payload, ibv_wc* w) noexcept {
     constexpr uint32_t kFlags = IBV_WC_GRH | IBV_WC_WITH_IMM | IBV_WC_IP_CSUM_OK | IBV_WC_WITH_INV |
                                 IBV_WC_TM_SYNC_REQ | IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
@@ -305,7 +302,7 @@ class LocalContext {
     // operands) rather than picking the fields out of the registers.
     asm("" : "+m"(*w));
   }
-  static constexpr std::size_t kWcTakeTag = 47;  // cqe_to_wc: the take tag in ibv_wc's padding
+  static constexpr std::size_t kWcTakeTag = 47;  // cqe_to_wc: Cqe::take_tag (a StagedCqe's kind) in ibv_wc's padding
   static_assert(offsetof(ibv_wc, dlid_path_bits) + 1 < kWcTakeTag && sizeof(ibv_wc) == kWcTakeTag + 1);
 
   // Receive work queues (IBV_WQT_RQ).
@@ -686,12 +683,29 @@ class LocalContext {
     // touched only under the CQ's poll lock.
     uint32_t empty_polls = 0, stall_pos = 0;
     uint64_t stall_since_ns = 0;
+    // The ring positions of the last kSkipped slots skip_dead_push gave up
+    // (1 << 32 | position; 0: none), each written before its slot is given
+    // up, so that recv_completion_delivered tells a receive completion the
+    // poller took from a slot that was given up. Written under the poll
+    // lock; read by the owner's liveness pass (any thread).
+    static constexpr uint32_t kSkipped = 16;
+    std::atomic<uint64_t> skipped[kSkipped] = {};
+    uint32_t skipped_next = 0;
     CqState() = default;
     CqState& operator=(const CqState& o) {
       channel = o.channel; flags = o.flags;
       live = o.live; refs = o.refs; ring_off = o.ring_off; ring_bytes = o.ring_bytes; info = o.info; user = o.user;
       overrun_reported.store(o.overrun_reported.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      empty_polls = o.empty_polls; stall_pos = o.stall_pos; stall_since_ns = o.stall_since_ns;
+      for (uint32_t i = 0; i < kSkipped; ++i)
+        skipped[i].store(o.skipped[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+      skipped_next = o.skipped_next;
       return *this;
+    }
+    bool was_skipped(uint32_t pos) const noexcept {
+      for (const auto& x : skipped)
+        if (x.load(std::memory_order_acquire) == (uint64_t{1} << 32 | pos)) return true;
+      return false;
     }
     CqState(const CqState& o) { *this = o; }
   };
@@ -945,15 +959,18 @@ class LocalContext {
   // looked at again at most every millisecond. True when resolved.
   bool resolve_path(Qp* qp, bool now) noexcept;
   void flush_qp(Qp* qp) noexcept;
-  bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr) noexcept;
+  // note: a receive completion's holder notes where it goes (cq_push.h CqNote).
+  bool push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache = nullptr,
+                     const cqpush::CqNote* note = nullptr) noexcept;
   // cq.cc: push_peer_cqe past its common push (cq_push.h push_common, which
   // answered f for entry e), out of line for callers that inline that push.
   [[gnu::cold, gnu::noinline]] bool push_peer_cqe_rest(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
-                                                       RingCache* cache, layout::CqEntry* e, int f) noexcept;
+                                                       RingCache* cache, layout::CqEntry* e, int f,
+                                                       const cqpush::CqNote* note = nullptr) noexcept;
   // cq.cc: the producer protocol of CqEntry shared by push_cqe and push_peer_cqe.
   enum class Push { kOk, kFull, kGone };
   Push push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, bool* fire,
-                       RingCache* cache = nullptr) noexcept;
+                       RingCache* cache = nullptr, const cqpush::CqNote* note = nullptr) noexcept;
   struct ChanState { bool live = false; uint32_t generation = 0, refs = 0; int read_fd = -1, write_fd = -1; };
   std::vector<ChanState> chans_;  // sized on first create_channel (under mu_), never resized
   void close_channels() noexcept;
@@ -975,10 +992,6 @@ class LocalContext {
   uint32_t mr_slots_ = 0;  // mrs_.size(), fixed at create (post_send's bound check)
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<Qp*> live_qps_;  // the non-null entries of qps_, for progress_all
-  // Per QP index: the take tag of the last receive completion an initiator
-  // wrote that poll_cq handed out (flush_qp: was a dead initiator's
-  // completion delivered?).
-  std::unique_ptr<std::atomic<uint8_t>[]> last_recv_tag_;
   // Staged receives (layout.h StagedCqe) of our RC and UC QPs without an
   // SRQ, per QP index, for the context's whole life: the poll that finishes
   // one (finish_staged) reads this, never the Qp, which another thread may
@@ -1018,7 +1031,7 @@ class LocalContext {
   bool holder_dead(uint64_t word) noexcept {  // QpEntry::rx_holder
     return context_dead(layout::holder_of(word), layout::holder_generation(word));
   }
-  bool recv_completion_delivered(Qp* qp, uint8_t tag) noexcept;
+  bool recv_completion_delivered(Qp* qp, uint32_t v) noexcept;
   std::atomic<uint32_t> qps_pending_{0};  // QPs with queued, unexecuted sends
   // Nonzero while a thread runs progress for an application that does not
   // poll (get_channel_event, the progress thread): an RNR back-off then

@@ -545,7 +545,7 @@ void armed_push(const Peer& peer, bool own, uint32_t cq_index, layout::CqEntry* 
 }  // namespace
 
 LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
-                                                 bool* fire, RingCache* cache) noexcept {
+                                                 bool* fire, RingCache* cache, const cqpush::CqNote* note) noexcept {
   *fire = false;
   layout::CqEntry* e = peer.cq(cq_index);
   if (!e || e->state.load(std::memory_order_acquire) != layout::kLive) return Push::kGone;  // A1 pairs with R1
@@ -582,7 +582,10 @@ LocalContext::Push LocalContext::push_shared_cqe(const Peer& peer, uint32_t cq_i
     // Bounded retry: a CQ that stays full has overrun, as on hardware.
     r = Push::kFull;
     for (int i = 0; i < 4; ++i) {
-      RingStatus st = ring.try_push_cas(c, sizeof cqe);
+      RingStatus st = ring.try_push_cas_with<sizeof(layout::Cqe)>([&](std::byte* payload, uint32_t pos) {
+        if (note) note->note(pos);
+        std::memcpy(payload, c, sizeof *c);
+      });
       if (st == RingStatus::ok) {
         r = Push::kOk;
         break;
@@ -626,25 +629,25 @@ bool LocalContext::push_cqe(uint32_t cq_index, const layout::Cqe& cqe, RingCache
 }
 
 bool LocalContext::push_peer_cqe(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe,
-                                 RingCache* cache) noexcept {
+                                 RingCache* cache, const cqpush::CqNote* note) noexcept {
   layout::CqEntry* e = peer.cq(cq_index);
-  const Fast f = push_common(peer, e, cqe, cache);
+  const Fast f = push_common(peer, e, cqe, cache, note);
   if (f == Fast::kPushed) [[likely]]
     return true;
-  return push_peer_cqe_rest(peer, cq_index, cqe, cache, e, static_cast<int>(f));
+  return push_peer_cqe_rest(peer, cq_index, cqe, cache, e, static_cast<int>(f), note);
 }
 
 // What push_peer_cqe does beyond the common push (cq_push.h push_common
 // answered f, not kPushed, for entry e of peer's CQ cq_index): the armed
 // CQ's token, or the full protocol of push_shared_cqe and an overrun's event.
 bool LocalContext::push_peer_cqe_rest(const Peer& peer, uint32_t cq_index, const layout::Cqe& cqe, RingCache* cache,
-                                      layout::CqEntry* e, int f) noexcept {
+                                      layout::CqEntry* e, int f, const cqpush::CqNote* note) noexcept {
   if (static_cast<Fast>(f) == Fast::kArmed) {
     armed_push(peer, &peer == &self_peer_, cq_index, e, cqe, cqs_, chans_);
     return true;
   }
   bool fired = false;
-  Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache);
+  Push r = push_shared_cqe(peer, cq_index, cqe, &fired, cache, note);
   if (r == Push::kOk) return true;
   if (r == Push::kFull && e && !(e->flags & layout::kCqIgnoreOverrun))
     const_cast<Peer&>(peer).raise_async(IBV_EVENT_CQ_ERR, async_token(AsyncKind::kCq, cq_index, e->generation));
@@ -688,7 +691,11 @@ void LocalContext::own_send_overrun(uint32_t cq_index) noexcept {
 // stall the CQ forever: every later completion waits behind that slot. Once
 // in a while an empty poll looks whether the head slot is reserved but
 // unpublished, and after it stayed so for kStallNs gives it up (Ring::
-// skip_unpublished_sc; a producer that was merely slow pushes again).
+// skip_unpublished_sc; a producer that was merely slow pushes again). The
+// time counts from the first look that found the slot reserved, not from
+// the first that found the ring empty at that position: a producer that
+// reserves the slot after the ring was idle for a while is not taken for
+// dead right away. A slot given up is remembered (CqState::skipped).
 void LocalContext::skip_dead_push(const CqInfo& cq, bool every) noexcept {
   constexpr uint64_t kStallNs = 2'000'000'000ull;
   if (cq.index >= cqs_.size()) return;
@@ -697,6 +704,10 @@ void LocalContext::skip_dead_push(const CqInfo& cq, bool every) noexcept {
   // empty poll in 64 (nothing_ready), of which 1 in 16 looks.
   if (!every && (++st.empty_polls & 15) != 0) return;
   Ring ring = cq.ring;
+  if (!ring.head_reserved_unpublished()) {
+    st.stall_since_ns = 0;  // empty (or published): nothing stalls
+    return;
+  }
   const uint32_t pos = ring.consumer_position();
   const uint64_t now = mono_ns();
   if (!st.stall_since_ns || st.stall_pos != pos) {
@@ -706,7 +717,13 @@ void LocalContext::skip_dead_push(const CqInfo& cq, bool every) noexcept {
   }
   if (now - st.stall_since_ns < kStallNs) return;
   st.stall_since_ns = 0;
-  (void)ring.skip_unpublished_sc();
+  std::atomic<uint64_t>* noted = nullptr;
+  const bool skipped = ring.skip_unpublished_sc([&](uint32_t p) {
+    // Release: whoever sees the slot given up (its seq, acquire) sees this.
+    noted = &st.skipped[st.skipped_next++ % CqState::kSkipped];
+    noted->store(uint64_t{1} << 32 | p, std::memory_order_release);
+  });
+  if (!skipped && noted) noted->store(0, std::memory_order_relaxed);  // published meanwhile: not given up
 }
 
 }  // namespace shmrdma

@@ -132,26 +132,45 @@ template <typename Fill>
   std::memcpy(d + 48, &t, 8);
 }
 
+// Where the holder of a completing receive record notes the CQ slot it
+// reserved for the receive completion, before the slot is published
+// (layout.h QpEntry::rx_take_cq; the owner reads it when the holder died:
+// recv_completion_delivered). A push without one passes nullptr.
+struct CqNote {
+  std::atomic<uint64_t>* where;
+  uint32_t record;  // the record's completing value
+  void note(uint32_t pos) const noexcept {
+    // Relaxed: the publication that follows (a seq_cst CAS) releases it.
+    where->store(uint64_t{record} << 32 | pos, std::memory_order_relaxed);
+  }
+};
+
 // push_common_with for a CQE the caller has built, which `qualifies` (see
 // push_common_with) or not; before() runs in the reserved slot's fill,
 // right before the CQE is copied in (srq_send_leaf writes the message's
 // bytes there, and knows its CQE is no error).
+// With a CqNote (not nullptr), the reserved slot's position is noted first.
 template <typename Before>
 [[gnu::always_inline]] inline Fast push_built(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                              RingCache* cache, bool qualifies, Before&& before) noexcept {
-  return push_common_with(peer, e, cache, qualifies, [&](std::byte* payload) __attribute__((always_inline)) {
-    before();
-    copy_cqe(payload, cqe);
-  });
+                                              RingCache* cache, bool qualifies, Before&& before,
+                                              const CqNote* note = nullptr) noexcept {
+  return push_common_with(peer, e, cache, qualifies,
+                          [&](std::byte* payload, uint32_t pos) __attribute__((always_inline)) {
+                            if (note) note->note(pos);
+                            before();
+                            copy_cqe(payload, cqe);
+                          });
 }
 template <typename Before>
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                               RingCache* cache, Before&& before) noexcept {
-  return push_built(peer, e, cqe, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe), before);
+                                               RingCache* cache, Before&& before,
+                                               const CqNote* note = nullptr) noexcept {
+  return push_built(peer, e, cqe, cache, (cqe.flags & layout::kCqeSolicited) || layout::error_cqe(cqe), before,
+                    note);
 }
 [[gnu::always_inline]] inline Fast push_common(const Peer& peer, layout::CqEntry* e, const layout::Cqe& cqe,
-                                               RingCache* cache) noexcept {
-  return push_common(peer, e, cqe, cache, [] {});
+                                               RingCache* cache, const CqNote* note = nullptr) noexcept {
+  return push_common(peer, e, cqe, cache, [] {}, note);
 }
 
 }  // namespace shmrdma::cqpush

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 15;
+inline constexpr uint32_t kLayoutVersion = 16;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -541,7 +541,14 @@ struct QpEntry {
   // only at this position. Written under the take record by its holder,
   // read by the owner when it flushes or resets.
   std::atomic<uint32_t> rx_staged_next;
-  uint32_t reserved_line1[3];
+  uint32_t reserved_line1;
+  // rx_take_cq: where the holder of a completing record put its receive
+  // completion: the record's completing value << 32 | the position of the
+  // CQ ring slot it reserved, written before it publishes the slot (and
+  // again for each slot it reserves), so that when it dies the owner knows
+  // whether the completion reached the CQ (recv_completion_delivered). A
+  // value of another record value says it reserved none.
+  std::atomic<uint64_t> rx_take_cq;
   // Third cache line. Set by an initiator whose sends to this QP wait for a
   // receive (RNR); the owner's post_recv reads it after every post and wakes
   // the initiator. Apart from the receive record, which initiators write on
@@ -565,7 +572,8 @@ static_assert(offsetof(QpEntry, rx_take) / 64 == 1 && offsetof(QpEntry, initiato
 static_assert(offsetof(QpEntry, version) / kCacheLine == 2,
               "apart from the take record: a WRITE's check reads a line only RNR waits write");
 static_assert(offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_pos) / kCacheLine &&
-                  offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_staged_next) / kCacheLine,
+                  offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_staged_next) / kCacheLine &&
+                  offsetof(QpEntry, rx_take) / kCacheLine == offsetof(QpEntry, rx_take_cq) / kCacheLine,
               "the take record is one cache line: the holder's announcements cost no extra line transfer");
 // The owner's bump of QpEntry::version (after the change it publishes).
 inline void bump_version(QpEntry* e) noexcept { e->version.fetch_add(1, std::memory_order_release); }
@@ -724,7 +732,7 @@ struct Cqe {
   uint8_t sl;
   uint8_t dlid_path_bits;
   uint8_t flags;        // CqeFlags
-  uint8_t take_tag;     // receive completions of initiators: low bits of the take counter (transport.cc)
+  uint8_t take_tag;     // 0 (a StagedCqe's kind)
   union {
     // CLOCK_MONOTONIC ns when the producer pushed it, in CQs created with
     // kCqTimestamp (the device clock: hca_core_clock 1 GHz).
@@ -800,8 +808,7 @@ static_assert(std::is_trivially_copyable_v<StagedCqe>);
 // receiver then stores the bytes into the buffer itself, on its critical
 // path, which is why only a stream's messages take this way (srq_send_leaf).
 // Same size and slot as a Cqe, told by its status; qp_num, slid, flags and
-// take_tag where a Cqe has them (the take protocol's recovery looks for the
-// tag: recv_completion_delivered). Never in a CQ with timestamps (its last
+// take_tag where a Cqe has them. Never in a CQ with timestamps (its last
 // eight bytes are data).
 inline constexpr uint32_t kSrqInlineStatus = 0x51495253;
 inline constexpr uint32_t kSrqInlineMaxData = 20;     // without an immediate

@@ -129,10 +129,10 @@ inline bool take_end(layout::QpEntry* t, uint32_t v) noexcept {
 // Taken -> completing: true when this caller completes the WQE. It then
 // pushes the completion and calls take_done; until then the record stays
 // busy, so completions of one QP leave in the order their WQEs were taken.
+inline uint32_t take_completing(uint32_t taken) noexcept { return (taken & ~layout::kTakeMask) | layout::kTakeCompleting; }
 inline bool take_complete_begin(layout::QpEntry* t, uint32_t taken) noexcept {
   uint32_t v = taken;
-  return t->rx_take.compare_exchange_strong(v, (taken & ~layout::kTakeMask) | layout::kTakeCompleting,
-                                            std::memory_order_acq_rel);
+  return t->rx_take.compare_exchange_strong(v, take_completing(taken), std::memory_order_acq_rel);
 }
 inline void take_done(layout::QpEntry* t, uint32_t taken) noexcept {
   t->rx_take.store(take_next_idle(taken), std::memory_order_release);

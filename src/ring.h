@@ -417,14 +417,18 @@ class Ring {
   // producer builds its item there instead of copying it from a local one.
   // Its publication is seq_cst (on x86 the same lock cmpxchg as release):
   // a caller's seq_cst load after it is ordered after it without a fence
-  // (the CQ producers' P4, cq_push.h).
+  // (the CQ producers' P4, cq_push.h). A fill that takes two arguments
+  // also gets the reserved position: fill(payload, pos).
   template <std::size_t N, typename Fill>
   [[gnu::always_inline]] RingStatus try_push_cas_with(Fill&& fill) const noexcept {
     static_assert(N <= kMinStride - kRingSlotHeaderBytes, "every valid slot holds it");
     assert(attached());
     const RingResult r = try_reserve();
     if (!r) return r.status;
-    fill(r.handle.payload);
+    if constexpr (std::is_invocable_v<Fill&, std::byte*, uint32_t>)
+      fill(r.handle.payload, r.handle.pos);
+    else
+      fill(r.handle.payload);
     return publish_cas<std::memory_order_seq_cst>(r.handle);
   }
 
@@ -434,7 +438,11 @@ class Ring {
   // by a producer (producer_pos is past it) but is not published, give it up
   // - mark it released for the next lap - and move on. The caller decides
   // when a slot has waited long enough. true when a slot was skipped.
-  bool skip_unpublished_sc() noexcept {
+  // before(pos) runs right before the slot is given up (its CAS), so that
+  // whoever sees the slot given up also sees what before() wrote; a skip
+  // that then fails was not one.
+  template <typename Before>
+  bool skip_unpublished_sc(Before&& before) noexcept {
     assert(attached());
     const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
     RingSlotHeader* h = header(pos);
@@ -442,11 +450,31 @@ class Ring {
     if (seq != pos) return false;  // published (or not ours to judge)
     const uint32_t prod = shared_->producer_pos.load(std::memory_order_relaxed);
     if (distance(prod, pos) <= 0) return false;  // nobody reserved it: just empty
+    before(pos);
     // R2: the slot goes to the next lap; a late publisher's CAS fails.
     if (!h->seq.compare_exchange_strong(seq, pos + capacity_, std::memory_order_acq_rel, std::memory_order_relaxed))
       return false;
     shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);
     return true;
+  }
+  bool skip_unpublished_sc() noexcept {
+    return skip_unpublished_sc([](uint32_t) {});
+  }
+  // Where position pos's slot stands for that position: 0 published and not
+  // taken, < 0 not published (free or reserved), > 0 given back (taken and
+  // released, or given up by skip_unpublished_sc) or in a later lap.
+  // Advisory.
+  int32_t lap_of(uint32_t pos) const noexcept {
+    assert(attached());
+    return distance(header(pos)->seq.load(std::memory_order_acquire), pos + 1);
+  }
+  // Whether the single consumer's next slot is reserved by a producer and
+  // not published (what skip_unpublished_sc would give up). Advisory.
+  bool head_reserved_unpublished() const noexcept {
+    assert(attached());
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    if (header(pos)->seq.load(std::memory_order_acquire) != pos) return false;
+    return distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) > 0;
   }
 
   // Calls f(payload) for every published, unclaimed slot from the consumer
@@ -622,7 +650,7 @@ class Ring {
     h->seq.store(pos + capacity_, std::memory_order_release);  // R2, as release()
     // After the slot went back (release, free on x86): a reader that sees
     // consumer_pos past pos (acquire, for_each_published) also sees what the
-    // consumer wrote before it gave the slot back (the CQ's take tags).
+    // consumer wrote before it gave the slot back.
     shared_->consumer_pos.store(pos + 1, std::memory_order_release);
   }
 

@@ -35,7 +35,6 @@ namespace shmrdma {
   const uint32_t qp_num = static_cast<uint32_t>(q[3] >> 32);
   const uint32_t src_qp_len = static_cast<uint32_t>(q[4]);
   const uint8_t flags = static_cast<uint8_t>(q[5] >> 48);
-  const uint8_t take_tag = static_cast<uint8_t>(q[5] >> 56);
   const uint32_t qi = layout::qpn_index(qp_num);
   if (qi >= layout_.qp_slots) return false;
   const uint64_t qp = staged_rx_[qi].srq_qp.load(std::memory_order_acquire);
@@ -59,8 +58,6 @@ namespace shmrdma {
     }
   }
   if (status != IBV_WC_SUCCESS) staged_responder_error(qi, qp_num & limits::kQpnMask);
-  // Its take tag, as take_cqe notes a receive's (before the slot's release).
-  last_recv_tag_[qi].store(take_tag, std::memory_order_relaxed);
   w->wr_id = q[0];
   w->status = static_cast<ibv_wc_status>(status);
   w->opcode = IBV_WC_RECV;

@@ -38,23 +38,28 @@ bool LocalContext::context_dead(uint32_t holder, uint32_t generation) noexcept {
          !process_alive(static_cast<pid_t>(info.pid), info.start_time);
 }
 
-// Whether the receive completion with take tag `tag` of QP qp reached its CQ:
-// still queued there (published), or already handed out by poll_cq. The
-// ring is read first: poll_cq records the tag before it releases a slot.
-bool LocalContext::recv_completion_delivered(Qp* qp, uint8_t tag) noexcept {
-  if (qp->recv_cq < cqs_.size() && cqs_[qp->recv_cq].live) {
-    bool found = false;
-    cqs_[qp->recv_cq].info.ring.for_each_published([&](const std::byte* payload) {
-      layout::Cqe c;
-      std::memcpy(&c, payload, sizeof c);
-      // (An SrqInlineCqe has the tag where a Cqe has it; a StagedCqe has none.)
-      const bool recv = c.status == layout::kSrqInlineStatus ||
-                        (c.status != layout::kStagedStatus && (c.opcode & IBV_WC_RECV) && c.status != IBV_WC_WR_FLUSH_ERR);
-      if (c.qp_num == qp->qpn && recv && c.take_tag == tag) found = true;
-    });
-    if (found) return true;
-  }
-  return last_recv_tag_[qp->index].load(std::memory_order_relaxed) == tag;
+// Whether the receive completion of QP qp's take record at completing value
+// v, whose holder died, reached qp's receive CQ. The holder noted the CQ
+// slot it reserved before it published it (QpEntry::rx_take_cq): no note
+// of v, no slot reserved, nothing published. The slot of the note is
+//  - published and not taken yet: delivered;
+//  - not published: the holder died first (skip_dead_push gives the slot up);
+//  - given back: taken by poll_cq (delivered) unless skip_dead_push gave it
+//    up (CqState::skipped, written before the slot's seq changes).
+// The record's completions are serial, so no other receive completion of qp
+// was pushed since. (A CQ resized after the holder's push is read as it is
+// now: the holder died past its publication, or the resize would still wait
+// for it.)
+bool LocalContext::recv_completion_delivered(Qp* qp, uint32_t v) noexcept {
+  const uint64_t note = qp->shared->rx_take_cq.load(std::memory_order_acquire);
+  if (static_cast<uint32_t>(note >> 32) != v) return false;
+  if (qp->recv_cq >= cqs_.size() || !cqs_[qp->recv_cq].live) return false;  // the CQ is gone, with its completions
+  const CqState& cq = cqs_[qp->recv_cq];
+  const uint32_t pos = static_cast<uint32_t>(note);
+  const int32_t lap = cq.info.ring.lap_of(pos);
+  if (lap == 0) return true;
+  if (lap < 0) return false;
+  return !cq.was_skipped(pos);
 }
 
 // The ring the receive WQEs of take record t come from: t's RQ or SRQ in
@@ -194,7 +199,7 @@ void LocalContext::reclaim_dead_completion(Qp* qp) noexcept {
       !holder_dead(e->rx_holder.load(std::memory_order_relaxed)))
     return;
   const uint64_t wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
-  const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+  const bool delivered = recv_completion_delivered(qp, v);
   if (take_end(e, v) && !delivered) (void)push_cqe(qp->recv_cq, recv_status_cqe(wr_id, IBV_WC_REM_ABORT_ERR, qp->qpn));
 }
 
@@ -223,7 +228,7 @@ bool LocalContext::reclaim_take(Qp* qp, uint64_t* wr_id, uint32_t* srqn) noexcep
     // WQE unless that completion made it into our CQ.
     if (xrc || !dead) return false;
     *wr_id = e->rx_take_wr_id.load(std::memory_order_acquire);
-    const bool delivered = recv_completion_delivered(qp, static_cast<uint8_t>(v >> 2));
+    const bool delivered = recv_completion_delivered(qp, v);
     return take_end(e, v) && !delivered;
   }
   const uint32_t pos = e->rx_take_pos.load(std::memory_order_relaxed);
@@ -391,13 +396,13 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   };
   const uint64_t total = len + (grh ? kGrhBytes : 0);
   cqe.wr_id = h.wr_id;
-  cqe.take_tag = static_cast<uint8_t>(taken >> 2);
   cqe.byte_len = static_cast<uint32_t>(total);
   auto complete = [&](const layout::Cqe& c) {
     // Unless the owner flushed it. The record stays busy until the CQE is
     // in, so the next sender's completion cannot overtake this one.
     if (take_complete_begin(t, taken)) {
-      (void)push_peer_cqe(rpeer, rcq, c, &qp->target_cq_cache);
+      const cqpush::CqNote note{&t->rx_take_cq, take_completing(taken)};
+      (void)push_peer_cqe(rpeer, rcq, c, &qp->target_cq_cache, &note);
       take_done(t, taken);
     }
     Ring::own_line(next_slot);
@@ -478,9 +483,10 @@ LocalContext::Deliver LocalContext::deliver(Qp* qp, Peer& peer, layout::QpEntry*
   // complete(), with push_peer_cqe's common push inline (cq_push.h).
   if (take_complete_begin(t, taken)) {
     layout::CqEntry* ce = rpeer.cq(rcq);
-    const cqpush::Fast f = cqpush::push_common(rpeer, ce, cqe, &qp->target_cq_cache);
+    const cqpush::CqNote note{&t->rx_take_cq, take_completing(taken)};
+    const cqpush::Fast f = cqpush::push_common(rpeer, ce, cqe, &qp->target_cq_cache, &note);
     if (f != cqpush::Fast::kPushed) [[unlikely]]
-      (void)push_peer_cqe_rest(rpeer, rcq, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+      (void)push_peer_cqe_rest(rpeer, rcq, cqe, &qp->target_cq_cache, ce, static_cast<int>(f), &note);
     take_done(t, taken);
   }
   return Deliver::kDone;
@@ -703,12 +709,11 @@ template <bool kLarge>
   // buffer checked above goes in it too) or in the buffer (put_bytes: a
   // move that overlaps our source is a memmove).
   layout::Cqe cqe{};
-  const uint8_t tag = static_cast<uint8_t>(taken >> 2);
   const uint8_t flags = (wr.send_flags & IBV_SEND_SOLICITED) ? layout::kCqeSolicited : 0;
   if (inl) {
     // The SrqInlineCqe (layout.h) in seven 8-byte words: wr_id, status |
     // addr_lo, addr_hi | lkey, (data 16-19 or the immediate) | qp_num,
-    // src_qp | len, data 0-3, (data 4-5, slid, data 6-7, flags, take_tag),
+    // src_qp | len, data 0-3, (data 4-5, slid, data 6-7, flags, 0),
     // data 8-15.
     static_assert(offsetof(layout::SrqInlineCqe, data4) == 24 && offsetof(layout::SrqInlineCqe, src_qp_len) == 32 &&
                   offsetof(layout::SrqInlineCqe, data0) == 36 && offsetof(layout::SrqInlineCqe, data1) == 40 &&
@@ -727,7 +732,7 @@ template <bool kLarge>
         (imm ? uint64_t{wr.imm_data} : top) | uint64_t{t->qpn} << 32,
         (qp->qpn & limits::kQpnMask) | uint64_t{len} << 24 | (lo & 0xffffffffu) << 32,
         (lo >> 32 & 0xffff) | slid << 16 | (lo >> 48) << 32 |
-            uint64_t{static_cast<uint8_t>(flags | (imm ? layout::kCqeSrqImm : 0))} << 48 | uint64_t{tag} << 56,
+            uint64_t{static_cast<uint8_t>(flags | (imm ? layout::kCqeSrqImm : 0))} << 48,
         hi,
     };
     static_assert(sizeof w == sizeof cqe);
@@ -740,7 +745,6 @@ template <bool kLarge>
     cqe.qp_num = t->qpn;
     cqe.src_qp = qp->qpn;
     cqe.slid = static_cast<uint16_t>(qp->tgt.slid);
-    cqe.take_tag = tag;
     // The buffer's address in the receiver (push_common declines a CQ with
     // timestamps): the snapshot the hit used, which holds this key.
     cqe.buf_hint = qp->recv_key_cache.snap.host + (g.addr - qp->recv_key_cache.snap.iova);
@@ -786,11 +790,12 @@ template <bool kLarge>
   };
   if (take_complete_begin(t, taken)) {
     // (Its CQE is a success: an armed CQ fires for it if it is solicited.)
+    const cqpush::CqNote note{&t->rx_take_cq, take_completing(taken)};
     const cqpush::Fast f =
-        cqpush::push_built(peer, ce, cqe, &qp->target_cq_cache, flags & layout::kCqeSolicited, put_bytes);
+        cqpush::push_built(peer, ce, cqe, &qp->target_cq_cache, flags & layout::kCqeSolicited, put_bytes, &note);
     if (f != cqpush::Fast::kPushed) [[unlikely]] {
       if (f == cqpush::Fast::kFallback) put_bytes();
-      (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f));
+      (void)push_peer_cqe_rest(peer, cq_index, cqe, &qp->target_cq_cache, ce, static_cast<int>(f), &note);
     }
     take_done(t, taken);
   }

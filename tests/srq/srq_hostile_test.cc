@@ -1,6 +1,8 @@
 // A receiver that scribbles its own shared memory, as a hostile peer may,
-// against the SRQ SEND leaf (1 to 64 bytes). Unlike the other srq tests this
-// one reads the context segment's layout (src/layout.h) to find the
+// against the SRQ SEND leaf (1 to 64 bytes); and a receive record left
+// completing by an initiator that died, written into the receiving QP's
+// entry as that initiator would have left it. Unlike the other srq tests
+// this one reads the context segment's layout (src/layout.h) to find the
 // receiving QP's entry; everything else goes through the public verbs API,
 // within this process (loopback QPs of one context).
 //
@@ -17,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -215,6 +218,176 @@ TEST_F(SrqHostile, HostileReceiverPdDoesNotMatchAnUnarmedKeyCache) {
   EXPECT_EQ(rcv.wr_id, 3u);
   EXPECT_EQ(harness::qp_state(sv), IBV_QPS_ERR);
   for (size_t i = 8; i < odp.size(); ++i) ASSERT_EQ(odp[i], 0x5a) << "byte " << i << " of the on-demand MR was written";
+}
+
+
+// An initiator that dies while it completes a receive (its record left
+// completing, layout.h kTakeCompleting) may or may not have put the receive
+// completion into the CQ. The owner tells which from the CQ slot the
+// initiator noted before it published (QpEntry::rx_take_cq): without the
+// completion the WQE completes with IBV_WC_REM_ABORT_ERR, with it nothing
+// more. Here 300 receive completions of the QP wait unpolled in its CQ,
+// every value of an 8-bit take tag among them: a completion that never
+// arrived is not taken for one of them (as it was while a one-byte tag in
+// the CQE told them apart). The dead initiator is written into the entry:
+// our own context's holder word with another generation, which no live
+// context has.
+TEST_F(SrqHostile, DeadInitiatorsCompletingRecordIsTold) {
+  using shmrdma::layout::holder_generation;
+  using shmrdma::layout::holder_of;
+  using shmrdma::layout::holder_word;
+  using shmrdma::layout::kTakeCompleting;
+  using shmrdma::layout::kTakeMask;
+  constexpr uint32_t kN = 300, kSlot = 64, kQkey = 0x11111111;
+  ibv_cq* rcq = ibv_create_cq(ctx_, 1024, nullptr, nullptr, 0);
+  ibv_cq* scq = ibv_create_cq(ctx_, 1024, nullptr, nullptr, 0);
+  ASSERT_TRUE(rcq && scq);
+  struct Cleanup {
+    ibv_cq* a;
+    ibv_cq* b;
+    std::vector<ibv_qp*>* qps;
+    ibv_ah* ah = nullptr;
+    ~Cleanup() {
+      for (auto* q : *qps) ibv_destroy_qp(q);
+      qps->clear();
+      if (ah) ibv_destroy_ah(ah);
+      ibv_destroy_cq(a);
+      ibv_destroy_cq(b);
+    }
+  } cleanup{rcq, scq, &qps_};
+  ibv_qp* r = harness::create_qp(pd_, rcq, IBV_QPT_UD, 16, kN + 8);
+  ibv_qp* s = harness::create_qp(pd_, scq, IBV_QPT_UD, kN + 8, 16);
+  ASSERT_TRUE(r && s) << std::strerror(errno);
+  qps_.push_back(r);
+  qps_.push_back(s);
+  for (ibv_qp* q : {r, s}) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = kQkey;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+    a.qp_state = IBV_QPS_RTR;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE), 0);
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 1;
+    ASSERT_EQ(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+  }
+  ibv_ah_attr aa{};
+  aa.dlid = harness::port_lid(ctx_);
+  aa.port_num = 1;
+  cleanup.ah = ibv_create_ah(pd_, &aa);
+  ASSERT_NE(cleanup.ah, nullptr) << std::strerror(errno);
+  const uint64_t base = reinterpret_cast<uint64_t>(buf_.data());
+  auto post_recv = [&](uint64_t wr_id) {
+    ibv_sge sge{base + 4096 + wr_id * kSlot, kSlot, mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(r, &wr, &bad);
+  };
+  auto send = [&](uint64_t wr_id) {
+    ibv_sge sge{base, 8, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = cleanup.ah;
+    wr.wr.ud.remote_qpn = r->qp_num;
+    wr.wr.ud.remote_qkey = kQkey;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(s, &wr, &bad) != 0) return false;
+    ibv_wc w{};
+    return poll_n(scq, &w, 1) == 1 && w.status == IBV_WC_SUCCESS;
+  };
+  ASSERT_LE(4096 + (kN + 1) * kSlot, buf_.size());
+  for (uint64_t k = 0; k <= kN; ++k) ASSERT_EQ(post_recv(k), 0) << k;
+  for (uint64_t k = 0; k < kN; ++k) ASSERT_TRUE(send(k)) << "UD SEND " << k;
+
+  SegmentView view;
+  std::string why;
+  QpEntry* e = view.qp_entry(r->qp_num, &why);
+  ASSERT_NE(e, nullptr) << why;
+  const uint32_t idle = e->rx_take.load();
+  ASSERT_EQ(idle & kTakeMask, 0u) << "the record is idle after the SENDs";
+  const uint64_t holder = e->rx_holder.load();
+  const uint64_t dead = holder_word(holder_of(holder), holder_generation(holder) + 1000);
+  // The owner's liveness pass, which ends a dead initiator's record, runs
+  // from its polls, of any CQ of the context: polls of the sender's (empty)
+  // CQ for `ms` run it (at most every 200 ms) while the receive
+  // completions stay in theirs.
+  auto liveness = [&](int ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    ibv_wc w{};
+    while (std::chrono::steady_clock::now() < until) ASSERT_EQ(ibv_poll_cq(scq, 1, &w), 0);
+  };
+  // Polls until `want` completions came (and then for `quiet_ms` more, in
+  // which nothing else may come).
+  auto drain = [&](std::vector<ibv_wc>* got, size_t want, int quiet_ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+    std::chrono::steady_clock::time_point quiet_from{};
+    for (;;) {
+      ibv_wc w{};
+      const int n = ibv_poll_cq(rcq, 1, &w);
+      ASSERT_GE(n, 0);
+      if (n == 1) got->push_back(w);
+      const auto now = std::chrono::steady_clock::now();
+      if (got->size() >= want && quiet_from == std::chrono::steady_clock::time_point{}) quiet_from = now;
+      if (got->size() >= want && now - quiet_from > std::chrono::milliseconds(quiet_ms)) return;
+      ASSERT_TRUE(now < until) << "only " << got->size() << " of " << want << " receive completions in 8 s";
+    }
+  };
+
+  // (1) A dead initiator's completing record for a WQE (wr_id 0xdead)
+  // whose completion it never pushed: the record's value is one no push
+  // noted.
+  e->rx_take_wr_id.store(0xdead);
+  e->rx_holder.store(dead);
+  e->rx_take.store((idle & ~kTakeMask) + 4 + kTakeCompleting);
+  liveness(600);
+  EXPECT_EQ(e->rx_take.load() & kTakeMask, 0u) << "the owner ended the record";
+  std::vector<ibv_wc> got;
+  drain(&got, kN + 1, 300);
+  ASSERT_EQ(got.size(), kN + 1u);
+  for (uint32_t k = 0; k < kN; ++k) {
+    ASSERT_EQ(got[k].status, IBV_WC_SUCCESS) << harness::wc_str(got[k]);
+    ASSERT_EQ(got[k].wr_id, k);
+  }
+  EXPECT_EQ(got[kN].status, IBV_WC_REM_ABORT_ERR) << harness::wc_str(got[kN]);
+  EXPECT_EQ(got[kN].wr_id, 0xdeadu);
+  EXPECT_EQ(got[kN].qp_num, r->qp_num);
+
+  // (2) One whose completion did reach the CQ (the record as the last
+  // real completion left it completing, and the slot it noted): nothing
+  // more completes, whether the completion waits in the CQ or was polled.
+  ASSERT_TRUE(send(kN)) << "UD SEND " << kN;
+  const uint64_t note = e->rx_take_cq.load();
+  ASSERT_EQ(static_cast<uint32_t>(note >> 32) & kTakeMask, kTakeCompleting) << "a push noted its slot";
+  for (int polled = 0; polled < 2; ++polled) {
+    e->rx_holder.store(dead);
+    e->rx_take.store(static_cast<uint32_t>(note >> 32));
+    liveness(600);
+    EXPECT_EQ(e->rx_take.load() & kTakeMask, 0u) << "the owner ended the record";
+    got.clear();
+    drain(&got, polled ? 0 : 1, 300);
+    ASSERT_EQ(got.size(), polled ? 0u : 1u) << (got.size() > 1 ? harness::wc_str(got[1]) : std::string());
+    if (!polled) {
+      EXPECT_EQ(got[0].status, IBV_WC_SUCCESS) << harness::wc_str(got[0]);
+      EXPECT_EQ(got[0].wr_id, kN);
+    }
+  }
+
+  // The QP goes on: a new receive takes the next SEND.
+  ASSERT_EQ(post_recv(kN + 1), 0);
+  ASSERT_TRUE(send(kN + 1));
+  got.clear();
+  drain(&got, 1, 0);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, IBV_WC_SUCCESS) << harness::wc_str(got[0]);
+  EXPECT_EQ(got[0].wr_id, kN + 1);
 }
 
 }  // namespace

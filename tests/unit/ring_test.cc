@@ -259,6 +259,60 @@ TEST(RingBasic, ConsumerSkipsASlotAReservingProducerNeverPublished) {
   }
 }
 
+// What a receive completion's recovery reads (transport_take.cc
+// recv_completion_delivered): the position a push reserved (the fill's
+// second argument), where that slot stands (lap_of: published and untaken,
+// not published, given back), whether the head is reserved and unpublished,
+// and the hook skip_unpublished_sc runs before it gives the slot up.
+TEST(RingBasic, APushTellsItsPositionAndTheSlotTellsWhereItStands) {
+  RingMem m(4, 64);
+  Ring r = make_ring(m, 4, 64);
+  EXPECT_FALSE(r.head_reserved_unpublished()) << "empty";
+  EXPECT_LT(r.lap_of(0), 0) << "free";
+  uint32_t seen = 99;
+  ASSERT_EQ(r.try_push_cas_with<4>([&](std::byte* p, uint32_t pos) {
+    seen = pos;
+    uint32_t a = 7;
+    std::memcpy(p, &a, sizeof a);
+  }), RingStatus::ok);
+  EXPECT_EQ(seen, 0u);
+  EXPECT_EQ(r.lap_of(0), 0) << "published, not taken";
+  EXPECT_FALSE(r.head_reserved_unpublished()) << "published";
+  RingResult dead = r.try_reserve();  // position 1: its producer dies
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead.handle.pos, 1u);
+  EXPECT_LT(r.lap_of(1), 0) << "reserved, not published";
+  RingResult c = r.try_claim_sc();
+  ASSERT_TRUE(c);
+  r.release(c.handle);
+  EXPECT_GT(r.lap_of(0), 0) << "taken and given back";
+  EXPECT_TRUE(r.head_reserved_unpublished());
+  uint32_t hooked = 99;
+  ASSERT_TRUE(r.skip_unpublished_sc([&](uint32_t pos) {
+    hooked = pos;
+    EXPECT_LT(r.lap_of(pos), 0) << "the hook runs before the slot is given up";
+  }));
+  EXPECT_EQ(hooked, 1u);
+  EXPECT_GT(r.lap_of(1), 0) << "given up";
+  EXPECT_FALSE(r.head_reserved_unpublished());
+  hooked = 99;
+  EXPECT_FALSE(r.skip_unpublished_sc([&](uint32_t pos) { hooked = pos; })) << "nothing reserved";
+  EXPECT_EQ(hooked, 99u) << "no hook without a slot to give up";
+  for (uint32_t i = 0; i < 8; ++i) {  // two more laps: positions 2..9
+    ASSERT_EQ(r.try_push_cas_with<4>([&](std::byte* p, uint32_t pos) {
+      seen = pos;
+      std::memcpy(p, &i, sizeof i);
+    }), RingStatus::ok);
+    EXPECT_EQ(seen, 2 + i);
+    EXPECT_EQ(r.lap_of(2 + i), 0);
+    c = r.try_claim_sc();
+    ASSERT_TRUE(c);
+    r.release(c.handle);
+    EXPECT_GT(r.lap_of(2 + i), 0);
+  }
+  EXPECT_GT(r.lap_of(1), 0) << "an earlier lap's position stays behind";
+}
+
 // A producer that was only slow (its slot was skipped before it published)
 // learns it from try_push_cas and pushes again; its late bytes never reach
 // the consumer as an entry of the skipped position.
