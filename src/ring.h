@@ -443,22 +443,25 @@ class Ring {
   // that then fails was not one.
   template <typename Before>
   bool skip_unpublished_sc(Before&& before) noexcept {
-    assert(attached());
-    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-    RingSlotHeader* h = header(pos);
-    uint32_t seq = h->seq.load(std::memory_order_acquire);
-    if (seq != pos) return false;  // published (or not ours to judge)
-    const uint32_t prod = shared_->producer_pos.load(std::memory_order_relaxed);
-    if (distance(prod, pos) <= 0) return false;  // nobody reserved it: just empty
+    if (!head_reserved_unpublished()) return false;  // published, or nobody reserved it: just empty
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);  // ours alone to move
     before(pos);
     // R2: the slot goes to the next lap; a late publisher's CAS fails.
-    if (!h->seq.compare_exchange_strong(seq, pos + capacity_, std::memory_order_acq_rel, std::memory_order_relaxed))
+    uint32_t seq = pos;
+    if (!header(pos)->seq.compare_exchange_strong(seq, pos + capacity_, std::memory_order_acq_rel,
+                                                  std::memory_order_relaxed))
       return false;
     shared_->consumer_pos.store(pos + 1, std::memory_order_relaxed);
     return true;
   }
-  bool skip_unpublished_sc() noexcept {
-    return skip_unpublished_sc([](uint32_t) {});
+  // Whether the single consumer's next slot is reserved by a producer
+  // (producer_pos is past it) and not published: what skip_unpublished_sc
+  // gives up. Advisory.
+  bool head_reserved_unpublished() const noexcept {
+    assert(attached());
+    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
+    if (header(pos)->seq.load(std::memory_order_acquire) != pos) return false;  // published (or not ours to judge)
+    return distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) > 0;
   }
   // Where position pos's slot stands for that position: 0 published and not
   // taken, < 0 not published (free or reserved), > 0 given back (taken and
@@ -467,34 +470,6 @@ class Ring {
   int32_t lap_of(uint32_t pos) const noexcept {
     assert(attached());
     return distance(header(pos)->seq.load(std::memory_order_acquire), pos + 1);
-  }
-  // Whether the single consumer's next slot is reserved by a producer and
-  // not published (what skip_unpublished_sc would give up). Advisory.
-  bool head_reserved_unpublished() const noexcept {
-    assert(attached());
-    const uint32_t pos = shared_->consumer_pos.load(std::memory_order_relaxed);
-    if (header(pos)->seq.load(std::memory_order_acquire) != pos) return false;
-    return distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) > 0;
-  }
-
-  // Calls f(payload) for every published, unclaimed slot from the consumer
-  // position on (at most one lap), without claiming anything. Only for the
-  // single consumer's own use; payloads are untrusted.
-  template <typename F>
-  void for_each_published(F&& f) const noexcept {
-    // Acquire pairs with release_sc's store: slots before pos were released
-    // after what their consumer recorded.
-    uint32_t pos = shared_->consumer_pos.load(std::memory_order_acquire);
-    for (uint32_t n = 0; n < capacity_; ++n, ++pos) {
-      const RingSlotHeader* h = header(pos);
-      if (h->seq.load(std::memory_order_acquire) != pos + 1) {
-        // Unpublished (or a dead producer's reserved slot): later slots may
-        // still be published.
-        if (distance(shared_->producer_pos.load(std::memory_order_relaxed), pos) <= 0) break;
-        continue;
-      }
-      f(static_cast<const std::byte*>(handle_at(h, pos).payload));
-    }
   }
 
   // Address of the slot for position pos (masked like every access), for
@@ -648,9 +623,8 @@ class Ring {
   }
   void release_sc(RingSlotHeader* h, uint32_t pos) const noexcept {
     h->seq.store(pos + capacity_, std::memory_order_release);  // R2, as release()
-    // After the slot went back (release, free on x86): a reader that sees
-    // consumer_pos past pos (acquire, for_each_published) also sees what the
-    // consumer wrote before it gave the slot back.
+    // After the slot went back, for advisory readers and recovery
+    // (skip_unpublished_sc, which starts from it); release: free on x86.
     shared_->consumer_pos.store(pos + 1, std::memory_order_release);
   }
 

@@ -1061,6 +1061,21 @@ int dead_server() {
   return 0;
 }
 
+// A SEND_WITH_IMM of the scenario's message `imm` to the server's QP, its
+// kDeadSize bytes (dead_seed(imm)) written into pieces `sl` of e's buffer.
+Send dead_send(Ep& e, ibv_ah* ah, const Hello& sv, uint64_t wr_id, uint32_t imm, const std::vector<Piece>& sl) {
+  e.fill(sl, dead_seed(imm));
+  Send s;
+  s.op = IBV_WR_SEND_WITH_IMM;
+  s.wr_id = wr_id;
+  s.sg = e.sges(sl);
+  s.ah = ah;
+  s.rqpn = sv.qpn[0];
+  s.rqkey = kServerQkey;
+  s.imm = imm;
+  return s;
+}
+
 // The streaming sender (a child process; it never returns: it is killed).
 [[noreturn]] void dead_blaster(const Hello& sv, int round, int ready_fd) {
   g_role += " sender " + std::to_string(round);
@@ -1084,16 +1099,8 @@ int dead_server() {
       }
     }
     const uint32_t imm = (static_cast<uint32_t>(round) << 24) | (sq & 0xFFFFFF);
-    auto sl = layout(static_cast<size_t>(sq % 32) * 4096, kDeadSize, 1 + static_cast<int>(sq % 3), 16);
-    e.fill(sl, dead_seed(imm));
-    Send s;
-    s.op = IBV_WR_SEND_WITH_IMM;
-    s.wr_id = sq;
-    s.sg = e.sges(sl);
-    s.ah = ah;
-    s.rqpn = sv.qpn[0];
-    s.rqkey = kServerQkey;
-    s.imm = imm;
+    const Send s = dead_send(e, ah, sv, sq, imm,
+                             layout(static_cast<size_t>(sq % 32) * 4096, kDeadSize, 1 + static_cast<int>(sq % 3), 16));
     int rc = post_send(qp, s);
     REQUIRE(rc == 0, "ibv_post_send: %d", rc);
     ++outstanding;
@@ -1142,17 +1149,8 @@ int dead_client() {
             kDeadFinal);
     for (uint32_t i = 0; i < kDeadFinal; ++i) {
       const uint32_t imm = 0xFF000000u | static_cast<uint32_t>(batch) << 8 | i;
-      auto sl = layout(0, kDeadSize, 2);
-      e.fill(sl, dead_seed(imm));
-      Send s;
-      s.op = IBV_WR_SEND_WITH_IMM;
-      s.wr_id = i;
-      s.sg = e.sges(sl);
-      s.ah = ah;
-      s.rqpn = sv.qpn[0];
-      s.rqkey = kServerQkey;
-      s.imm = imm;
-      send_ok(e, qp, s, "a new sender's SEND after the killed ones");
+      send_ok(e, qp, dead_send(e, ah, sv, i, imm, layout(0, kDeadSize, 2)),
+              "a new sender's SEND after the killed ones");
     }
     std::string line;
     const int got = ctl().poll_line(&line, 500);

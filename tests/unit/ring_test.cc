@@ -228,7 +228,7 @@ TEST(RingBasic, EmptyReturnsEmpty) {
 TEST(RingBasic, ConsumerSkipsASlotAReservingProducerNeverPublished) {
   RingMem m(4, 64);
   Ring r = make_ring(m, 4, 64);
-  EXPECT_FALSE(r.skip_unpublished_sc()) << "an empty ring has nothing to skip";
+  EXPECT_FALSE(r.skip_unpublished_sc([](uint32_t) {})) << "an empty ring has nothing to skip";
   RingResult dead = r.try_reserve();  // the producer dies here
   ASSERT_TRUE(dead);
   uint32_t a = 11, b = 22, v = 0;
@@ -236,9 +236,9 @@ TEST(RingBasic, ConsumerSkipsASlotAReservingProducerNeverPublished) {
   ASSERT_EQ(r.try_push_cas(&b, sizeof b), RingStatus::ok);
   EXPECT_EQ(r.try_claim_sc().status, RingStatus::empty) << "stalled behind the unpublished slot";
   EXPECT_EQ(r.consumer_position(), 0u);
-  ASSERT_TRUE(r.skip_unpublished_sc());
+  ASSERT_TRUE(r.skip_unpublished_sc([](uint32_t) {}));
   EXPECT_EQ(r.consumer_position(), 1u);
-  EXPECT_FALSE(r.skip_unpublished_sc()) << "the next slot is published";
+  EXPECT_FALSE(r.skip_unpublished_sc([](uint32_t) {})) << "the next slot is published";
   RingResult c = r.try_claim_sc();
   ASSERT_TRUE(c);
   std::memcpy(&v, c.handle.payload, sizeof v);
@@ -323,7 +323,7 @@ TEST(RingBasic, ASkippedSlowProducerSeesAbandoned) {
   // skip, then attempt the publishing CAS the way try_push_cas does.
   RingResult slow = r.try_reserve();
   ASSERT_TRUE(slow);
-  ASSERT_TRUE(r.skip_unpublished_sc());
+  ASSERT_TRUE(r.skip_unpublished_sc([](uint32_t) {}));
   // The next lap's producer may now take that slot; our publish must fail.
   uint32_t x = 5, v = 0;
   ASSERT_EQ(r.try_push_cas(&x, sizeof x), RingStatus::ok);
