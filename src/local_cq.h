@@ -15,13 +15,25 @@
 // were made. The context keeps them in `producers` (under its mu_: create_qp
 // adds, destroy_qp removes; nothing else sets send_local or recv_cq). A
 // bounded queue of sequenced slots (the scheme of ring.h without its
-// shared-memory hardening): a producer claims position pos when its slot's
-// seq reads pos (free for pos), writes the ibv_wc, then stores seq = pos + 1
-// (release: published). The consumer (the CQ's poller, under the provider's
-// poll_lock) reads the slot at `head` when seq == head + 1 (acquire), copies
-// the ibv_wc and stores seq = head + capacity (release: free for the next
-// lap). Full (the slot still holds last lap's item): the completion is lost
-// and the CQ has overrun (IBV_EVENT_CQ_ERR, as for the shared ring).
+// shared-memory hardening): a producer claims position pos when pos is less
+// than a capacity ahead of the consumer's `head` (free), writes the
+// completion (the first 32 bytes of its ibv_wc, in two 16-byte stores), then
+// the slot's seq = pos + 1 (release: published). The consumer (the CQ's
+// poller, under the provider's poll_lock) reads the slot at `head` when seq
+// is head + 1 (acquire), copies those 32 bytes and zeroes the other 16 of
+// the ibv_wc it hands out, and, after the last slot it takes in a poll,
+// stores head (release: those slots are free for the next lap). Full: the completion is lost and the CQ has
+// overrun (IBV_EVENT_CQ_ERR, as for the shared ring).
+//
+// Why this shape: a signaled post's completion is three stores, where the
+// whole ibv_wc in the slot took five with its seq, and the consumer frees a poll's slots with
+// its one store of head instead of one per slot. Stores are what a post
+// waits on when the line its data goes to is contended (the top of
+// write_leaf_locked, transport_post.cc), and UCX signals every short put.
+// Producers compare against `head_seen_`, the last head one of them read
+// (release/acquire through it, so the consumer's reads of a slot happen
+// before the producer that reuses it writes), and read head itself only
+// when that looks full: the consumer's line is not read on every post.
 //
 // The claim. With one producer (the usual CQ: one QP sends into it) `tail`
 // has one writer, and the claim is a plain load and store; with more (QPs of
@@ -91,12 +103,15 @@ namespace shmrdma {
 
 struct Qp;
 
+// One completion (trusted: ours). Every completion of the FIFO is
+// {wr_id, status, opcode, byte_len, qp_num}, the other fields of its ibv_wc 0:
+// the slot keeps the first 32 bytes of that ibv_wc (from wr_id to qp_num).
 struct alignas(64) LocalCqSlot {
-  std::atomic<uint32_t> seq;  // pos: free for pos; pos + 1: published for pos
-  uint32_t pad;
-  ibv_wc wc;  // the completion, as ibv_poll_cq hands it out (trusted: ours)
+  std::atomic<uint32_t> seq;  // pos + 1 once the completion for pos is published
+  uint32_t pad[3];
+  alignas(16) unsigned char wc[32];
 };
-static_assert(sizeof(LocalCqSlot) == 64 && offsetof(LocalCqSlot, wc) == 8);
+static_assert(sizeof(LocalCqSlot) == 64 && offsetof(LocalCqSlot, wc) == 16);
 
 class LocalCq {
  public:
@@ -121,8 +136,8 @@ class LocalCq {
 
   // ---------------------------------------------------------- producers
 
-  // Claims the next position: its slot (write slot->wc, then publish), or
-  // nullptr when the FIFO is full. The caller holds its QP's sq_lock (the
+  // Claims the next position: its slot (then put), or nullptr when the FIFO
+  // is full. The caller holds its QP's sq_lock (the
   // top of this file: one producer claims with a plain store, several with
   // reserve_multi's CAS).
   [[gnu::always_inline]] LocalCqSlot* reserve(uint32_t* pos_out) noexcept {
@@ -134,13 +149,14 @@ class LocalCq {
     return s;
   }
   // reserve in two steps, for the one producer (multi() false, under its
-  // sq_lock): the slot at tail when it is free, not yet claimed (nullptr:
-  // several producers, or full); then claim_single claims that slot (still
-  // the one at tail, still free: no other producer), once nothing can fail.
-  [[gnu::always_inline]] LocalCqSlot* peek_single(uint32_t* pos_out) noexcept {
-    if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
-      return nullptr;
-    return free_at_tail(pos_out);
+  // sq_lock): whether the slot at tail is free (false: several producers,
+  // or full as far as the last head seen says: the leaves that ask decline
+  // then, and reserve on the general path looks at the head itself, which
+  // keeps that look off the leaves' registers); then claim_single claims
+  // that slot (still the one at tail, still free: no other producer), once
+  // nothing can fail.
+  [[gnu::always_inline]] bool room_single() const noexcept {
+    return !multi_.load(std::memory_order_relaxed) && free_as_seen(tail_.load(std::memory_order_relaxed));
   }
   [[gnu::always_inline]] LocalCqSlot* claim_single(uint32_t* pos_out) noexcept {
     const uint32_t pos = tail_.load(std::memory_order_relaxed);
@@ -148,40 +164,46 @@ class LocalCq {
     *pos_out = pos;
     return slots_ + (pos & mask_);
   }
-  // A send completion into slot s (opcode: an ibv_wc_opcode), every other
-  // field 0, in four stores.
-  [[gnu::always_inline]] static void fill(LocalCqSlot* s, uint64_t wr_id, uint32_t status, uint32_t opcode,
-                                          uint32_t byte_len, uint32_t qp_num) noexcept {
+  // The completion for pos (status: an ibv_wc_status, opcode: an
+  // ibv_wc_opcode) into its claimed slot s and published: three stores,
+  // then `ready` set.
+  [[gnu::always_inline]] void put(LocalCqSlot* s, uint32_t pos, uint64_t wr_id, uint32_t status, uint32_t opcode,
+                                  uint32_t byte_len, uint32_t qp_num) noexcept {
     static_assert(sizeof(ibv_wc) == 48 && offsetof(ibv_wc, status) == 8 && offsetof(ibv_wc, opcode) == 12 &&
                   offsetof(ibv_wc, vendor_err) == 16 && offsetof(ibv_wc, byte_len) == 20 &&
-                  offsetof(ibv_wc, qp_num) == 28 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
-    auto* d = reinterpret_cast<char*>(&s->wc);
+                  offsetof(ibv_wc, imm_data) == 24 && offsetof(ibv_wc, qp_num) == 28 &&
+                  __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
     const uint64_t w1 = uint64_t{opcode} << 32 | status, w2 = uint64_t{byte_len} << 32,
                    w3 = uint64_t{qp_num} << 32;
-    __builtin_memcpy(d, &wr_id, 8);
-    // Bytes 8-23 and 32-47 in one 16-byte store each: a success's status,
-    // and a SEND's opcode and byte_len, are 0, so the common completion
-    // writes one zero register twice.
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 8),
-                     _mm_set_epi64x(static_cast<int64_t>(w2), static_cast<int64_t>(w1)));
-    __builtin_memcpy(d + 24, &w3, 8);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm_setzero_si128());
-  }
-  [[gnu::always_inline]] void publish(LocalCqSlot* s, uint32_t pos) noexcept {
+    _mm_store_si128(reinterpret_cast<__m128i*>(s->wc),
+                    _mm_set_epi64x(static_cast<int64_t>(w1), static_cast<int64_t>(wr_id)));
+    _mm_store_si128(reinterpret_cast<__m128i*>(s->wc + 16),
+                    _mm_set_epi64x(static_cast<int64_t>(w3), static_cast<int64_t>(w2)));
     s->seq.store(pos + 1, std::memory_order_release);
     ready->store(1, std::memory_order_release);
   }
 
-  // The one producer's slot at tail, unclaimed: free (seq == pos; pairs
-  // with the consumer's release), or nullptr when it still holds last lap's
-  // item (full).
+  // Whether position pos is free: less than a capacity ahead of the head a
+  // producer last saw, or of the consumer's head now (read, and kept in
+  // head_seen_, only when the first answer is no).
+  [[gnu::always_inline]] bool free_for(uint32_t pos) noexcept {
+    if (free_as_seen(pos)) [[likely]]
+      return true;
+    const uint32_t h = head_.load(std::memory_order_acquire);  // pairs with the consumer's release
+    head_seen_.store(h, std::memory_order_release);
+    return pos - h <= mask_;
+  }
+  // free_for's first answer alone.
+  [[gnu::always_inline]] bool free_as_seen(uint32_t pos) const noexcept {
+    return pos - head_seen_.load(std::memory_order_acquire) <= mask_;
+  }
+  // The one producer's slot at tail, unclaimed: free, or nullptr (full).
   [[gnu::always_inline]] LocalCqSlot* free_at_tail(uint32_t* pos_out) noexcept {
     const uint32_t pos = tail_.load(std::memory_order_relaxed);
-    LocalCqSlot* s = slots_ + (pos & mask_);
-    if (s->seq.load(std::memory_order_acquire) != pos) [[unlikely]]
+    if (!free_for(pos)) [[unlikely]]
       return nullptr;
     *pos_out = pos;
-    return s;
+    return slots_ + (pos & mask_);
   }
 
   // ------------------------------------------------------- producer set
@@ -224,17 +246,16 @@ class LocalCq {
   // into *wc; 0 when none was published (`ready` settled); -1 when the next
   // is an error completion (not taken; see take).
   [[gnu::always_inline]] int take_first(ibv_wc* wc, std::atomic<uint32_t>& rdy) noexcept {
-    const uint32_t pos = head_;
-    LocalCqSlot* s = slots_ + (pos & mask_);
+    const uint32_t pos = head_.load(std::memory_order_relaxed);  // ours: the one consumer
+    const LocalCqSlot* s = slots_ + (pos & mask_);
     if (s->seq.load(std::memory_order_acquire) != pos + 1) [[unlikely]] {
       settle(s, pos, rdy);
       return 0;
     }
-    if (s->wc.status != IBV_WC_SUCCESS) [[unlikely]]
+    if (status(s) != IBV_WC_SUCCESS) [[unlikely]]
       return -1;
-    std::memcpy(wc, &s->wc, sizeof(ibv_wc));
-    s->seq.store(pos + mask_ + 1, std::memory_order_release);
-    head_ = pos + 1;
+    copy_out(wc, s);
+    head_.store(pos + 1, std::memory_order_release);  // the slot is free
     return 1;
   }
   // take after its first completion: up to n (>= 1) more, stopping before
@@ -248,8 +269,9 @@ class LocalCq {
   }
   // Whether the next completion is published and an error (take stopped there).
   bool error_next() const noexcept {
-    const LocalCqSlot* s = slots_ + (head_ & mask_);
-    return s->seq.load(std::memory_order_acquire) == head_ + 1 && s->wc.status != IBV_WC_SUCCESS;
+    const uint32_t pos = head_.load(std::memory_order_relaxed);
+    const LocalCqSlot* s = slots_ + (pos & mask_);
+    return s->seq.load(std::memory_order_acquire) == pos + 1 && status(s) != IBV_WC_SUCCESS;
   }
   int take(int n, ibv_wc* wc) noexcept { return take(n, wc, *ready); }
 
@@ -257,7 +279,9 @@ class LocalCq {
 
   // Completions held. Only with no producer running (every QP that
   // completes here has its sq_lock held) and no consumer.
-  uint32_t held() const noexcept { return tail_.load(std::memory_order_relaxed) - head_; }
+  uint32_t held() const noexcept {
+    return tail_.load(std::memory_order_relaxed) - head_.load(std::memory_order_relaxed);
+  }
   uint32_t capacity() const noexcept { return mask_ + 1; }
 
   // Moves what is held, in order, into a new slot array of `capacity`
@@ -265,16 +289,16 @@ class LocalCq {
   bool resize(uint32_t capacity) noexcept {
     LocalCqSlot* fresh = alloc_slots(capacity);
     if (!fresh) return false;
-    const uint32_t n = held();
+    const uint32_t n = held(), head = head_.load(std::memory_order_relaxed);
     for (uint32_t k = 0; k < n; ++k) {
-      const uint32_t pos = head_ + k;
-      std::memcpy(&fresh[k].wc, &slots_[pos & mask_].wc, sizeof(ibv_wc));
+      std::memcpy(fresh[k].wc, slots_[(head + k) & mask_].wc, sizeof fresh[k].wc);
       fresh[k].seq.store(k + 1, std::memory_order_relaxed);
     }
     std::free(slots_);
     slots_ = fresh;
     mask_ = capacity - 1;
-    head_ = 0;
+    head_.store(0, std::memory_order_relaxed);
+    head_seen_.store(0, std::memory_order_relaxed);
     tail_.store(n, std::memory_order_relaxed);
     if (n) ready->store(1, std::memory_order_release);
     return true;
@@ -288,29 +312,45 @@ class LocalCq {
   layout::CqEntry* entry = nullptr;
 
  private:
+  // A published slot's status (ibv_wc's, at byte 8).
+  static uint32_t status(const LocalCqSlot* s) noexcept {
+    uint32_t v;
+    std::memcpy(&v, s->wc + 8, sizeof v);
+    return v;
+  }
+  // The completion of a published slot as ibv_poll_cq hands it out: its 32
+  // bytes, then 16 zero bytes.
+  [[gnu::always_inline]] static void copy_out(ibv_wc* wc, const LocalCqSlot* s) noexcept {
+    auto* d = reinterpret_cast<char*>(wc);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_load_si128(reinterpret_cast<const __m128i*>(s->wc)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16),
+                     _mm_load_si128(reinterpret_cast<const __m128i*>(s->wc + 16)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm_setzero_si128());
+  }
+
   // The next slot (at pos) was unpublished: clear `ready`, then look again
   // (the top of this file says why no completion is missed).
-  static void settle(LocalCqSlot* s, uint32_t pos, std::atomic<uint32_t>& rdy) noexcept {
+  static void settle(const LocalCqSlot* s, uint32_t pos, std::atomic<uint32_t>& rdy) noexcept {
     rdy.exchange(0, std::memory_order_acq_rel);
     if (s->seq.load(std::memory_order_acquire) == pos + 1) rdy.store(1, std::memory_order_relaxed);
   }
 
   int take_loop(int n, ibv_wc* wc, std::atomic<uint32_t>& rdy, bool stop_at_error) noexcept {
-    uint32_t pos = head_;
+    const uint32_t start = head_.load(std::memory_order_relaxed);
+    uint32_t pos = start;
     int got = 0;
     for (;;) {
-      LocalCqSlot* s = slots_ + (pos & mask_);
+      const LocalCqSlot* s = slots_ + (pos & mask_);
       if (s->seq.load(std::memory_order_acquire) != pos + 1) {
         settle(s, pos, rdy);
         break;
       }
-      if (stop_at_error && s->wc.status != IBV_WC_SUCCESS) break;
-      std::memcpy(&wc[got], &s->wc, sizeof(ibv_wc));
-      s->seq.store(pos + mask_ + 1, std::memory_order_release);
+      if (stop_at_error && status(s) != IBV_WC_SUCCESS) break;
+      copy_out(&wc[got], s);
       ++pos;
       if (++got == n) break;
     }
-    head_ = pos;
+    if (pos != start) head_.store(pos, std::memory_order_release);  // the slots taken are free
     return got;
   }
 
@@ -321,17 +361,18 @@ class LocalCq {
   [[gnu::always_inline]] LocalCqSlot* reserve_multi(uint32_t* pos_out) noexcept {
     uint32_t pos = tail_.load(std::memory_order_relaxed);
     for (;;) {
-      LocalCqSlot* s = slots_ + (pos & mask_);
-      const int32_t d = static_cast<int32_t>(s->seq.load(std::memory_order_acquire) - pos);  // pairs with release
-      if (d == 0) {
-        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
-          *pos_out = pos;
-          return s;
-        }
-      } else if (d < 0) {
-        return nullptr;  // last lap's item is still there: full
-      } else {
-        pos = tail_.load(std::memory_order_relaxed);  // another producer took pos
+      if (!free_for(pos)) {
+        // Full, unless another producer claimed pos meanwhile (then the
+        // head may have passed it: look at the tail now).
+        const uint32_t now = tail_.load(std::memory_order_relaxed);
+        if (now == pos) return nullptr;
+        pos = now;
+        continue;
+      }
+      // A failed CAS refreshes pos (another producer claimed it).
+      if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
+        *pos_out = pos;
+        return slots_ + (pos & mask_);
       }
     }
   }
@@ -341,21 +382,20 @@ class LocalCq {
     void* p = std::aligned_alloc(alignof(LocalCqSlot), std::size_t{capacity} * sizeof(LocalCqSlot));
     if (!p) return nullptr;
     auto* s = static_cast<LocalCqSlot*>(p);
-    for (uint32_t k = 0; k < capacity; ++k) {
-      new (&s[k]) LocalCqSlot{};
-      s[k].seq.store(k, std::memory_order_relaxed);
-    }
+    for (uint32_t k = 0; k < capacity; ++k) new (&s[k]) LocalCqSlot{};  // seq 0: unpublished (pos + 1 > 0)
     return s;
   }
 
   // Producers' line: the claim counter, the claim's mode (the top of this
-  // file) and the geometry they read.
+  // file), the last head they read and the geometry they read.
   alignas(64) std::atomic<uint32_t> tail_{0};
   std::atomic<uint32_t> multi_{0};  // 1: several producers (CAS); see set_multi
+  std::atomic<uint32_t> head_seen_{0};
   uint32_t mask_ = 0;
   LocalCqSlot* slots_ = nullptr;
-  // The consumer's.
-  alignas(64) uint32_t head_ = 0;
+  // The consumer's: the next position to take (stored, release, after a
+  // poll's last take: every slot before it is free).
+  alignas(64) std::atomic<uint32_t> head_{0};
 };
 
 }  // namespace shmrdma

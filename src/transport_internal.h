@@ -360,15 +360,14 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
 }
 
 // Whether a leaf's signaled WR has the slot leaf_complete writes: its send
-// CQ's FIFO with one producer and room (peek_single).
+// CQ's FIFO with one producer and room (room_single).
 [[gnu::always_inline]] inline bool leaf_completion_ready(const Qp* qp) noexcept {
-  uint32_t pos;
-  return qp->send_local && qp->send_local->peek_single(&pos);
+  return qp->send_local && qp->send_local->room_single();
 }
 
 // A leaf's (write_leaf, read_leaf, send_leaf, srq_send_leaf) signaled
 // success, WQE tail of qp (byte_len: a READ's length, as complete_send),
-// into the slot its check looked at (peek_single: one producer, under our
+// into the slot its check looked at (room_single: one producer, under our
 // sq_lock, so still the one at the FIFO's tail, still free). No fence
 // (complete_send, local_cq.h); a success qualifies for a next-completion
 // arming only: kArmed, and the caller fires it (leaf_declined).
@@ -377,8 +376,7 @@ inline void LocalContext::arm_write_hit(Qp::RemoteKeyCache& rc, const Peer& peer
   LocalCq* l = qp->send_local;
   uint32_t pos;
   LocalCqSlot* s = l->claim_single(&pos);
-  LocalCq::fill(s, wr_id, IBV_WC_SUCCESS, wc_opcode, byte_len, qp->qpn);
-  l->publish(s, pos);
+  l->put(s, pos, wr_id, IBV_WC_SUCCESS, wc_opcode, byte_len, qp->qpn);
   qp->sq_retire = tail + 1;
   std::atomic_signal_fence(std::memory_order_seq_cst);
   return l->entry->notify.load(std::memory_order_relaxed) == layout::kNotifyNext ? LocalContext::Leaf::kArmed
@@ -401,8 +399,7 @@ inline void LocalContext::complete_send(Qp* qp, uint64_t wr_id, uint32_t opcode,
       own_send_overrun(qp->send_cq);  // full: the completion is lost, as on hardware
       return;
     }
-    LocalCq::fill(s, wr_id, status, transport::wc_opcode(opcode), byte_len, qp->qpn);
-    l->publish(s, pos);
+    l->put(s, pos, wr_id, status, transport::wc_opcode(opcode), byte_len, qp->qpn);
     // No fence: arm_cq takes and drops our sq_lock after arming (local_cq.h),
     // so either the poll the application makes after arming sees this
     // completion, or we see the arming. A send completion qualifies for a

@@ -440,8 +440,7 @@ template <bool kLarge>
   if (!pp) return Leaf::kNotHandled;
   // The completion's slot must be free (claimed below, once nothing can fail).
   if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
-    uint32_t pos;
-    if (!qp->send_local || !qp->send_local->peek_single(&pos)) return Leaf::kNotHandled;
+    if (!qp->send_local || !qp->send_local->room_single()) return Leaf::kNotHandled;
   }
   uint8_t* dst = remote_write_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
   if constexpr (kLarge) {
@@ -750,13 +749,7 @@ void LocalContext::flush_own_recv(Qp* qp, const layout::Cqe& c) noexcept {
     own_send_overrun(cq);  // full: lost, as on hardware
     return;
   }
-  ibv_wc& w = s->wc;
-  w = ibv_wc{};
-  w.wr_id = c.wr_id;
-  w.status = static_cast<ibv_wc_status>(c.status);
-  w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
-  w.qp_num = c.qp_num;
-  l->publish(s, pos);
+  l->put(s, pos, c.wr_id, c.status, c.opcode, 0, c.qp_num);
   std::atomic_signal_fence(std::memory_order_seq_cst);  // as complete_send: arm_cq takes our sq_lock
   const uint32_t m = l->entry->notify.load(std::memory_order_relaxed);
   if (m == layout::kNotifyNext || m == layout::kNotifySolicited) own_send_armed(cq, c.status);  // an error
