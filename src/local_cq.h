@@ -30,10 +30,8 @@
 // its one store of head instead of one per slot. Stores are what a post
 // waits on when the line its data goes to is contended (the top of
 // write_leaf_locked, transport_post.cc), and UCX signals every short put.
-// Producers compare against `head_seen_`, the last head one of them read
-// (release/acquire through it, so the consumer's reads of a slot happen
-// before the producer that reuses it writes), and read head itself only
-// when that looks full: the consumer's line is not read on every post.
+// Producers read head with acquire (pairs with the consumer's release: its
+// reads of a slot happen before the producer that reuses it writes).
 //
 // The claim. With one producer (the usual CQ: one QP sends into it) `tail`
 // has one writer, and the claim is a plain load and store; with more (QPs of
@@ -150,13 +148,10 @@ class LocalCq {
   }
   // reserve in two steps, for the one producer (multi() false, under its
   // sq_lock): whether the slot at tail is free (false: several producers,
-  // or full as far as the last head seen says: the leaves that ask decline
-  // then, and reserve on the general path looks at the head itself, which
-  // keeps that look off the leaves' registers); then claim_single claims
-  // that slot (still the one at tail, still free: no other producer), once
-  // nothing can fail.
+  // or full); then claim_single claims that slot (still the one at tail,
+  // still free: no other producer), once nothing can fail.
   [[gnu::always_inline]] bool room_single() const noexcept {
-    return !multi_.load(std::memory_order_relaxed) && free_as_seen(tail_.load(std::memory_order_relaxed));
+    return !multi_.load(std::memory_order_relaxed) && free_for(tail_.load(std::memory_order_relaxed));
   }
   [[gnu::always_inline]] LocalCqSlot* claim_single(uint32_t* pos_out) noexcept {
     const uint32_t pos = tail_.load(std::memory_order_relaxed);
@@ -183,19 +178,10 @@ class LocalCq {
     ready->store(1, std::memory_order_release);
   }
 
-  // Whether position pos is free: less than a capacity ahead of the head a
-  // producer last saw, or of the consumer's head now (read, and kept in
-  // head_seen_, only when the first answer is no).
-  [[gnu::always_inline]] bool free_for(uint32_t pos) noexcept {
-    if (free_as_seen(pos)) [[likely]]
-      return true;
-    const uint32_t h = head_.load(std::memory_order_acquire);  // pairs with the consumer's release
-    head_seen_.store(h, std::memory_order_release);
-    return pos - h <= mask_;
-  }
-  // free_for's first answer alone.
-  [[gnu::always_inline]] bool free_as_seen(uint32_t pos) const noexcept {
-    return pos - head_seen_.load(std::memory_order_acquire) <= mask_;
+  // Whether position pos is free: less than a capacity ahead of the
+  // consumer's head.
+  [[gnu::always_inline]] bool free_for(uint32_t pos) const noexcept {
+    return pos - head_.load(std::memory_order_acquire) <= mask_;  // pairs with the consumer's release
   }
   // The one producer's slot at tail, unclaimed: free, or nullptr (full).
   [[gnu::always_inline]] LocalCqSlot* free_at_tail(uint32_t* pos_out) noexcept {
@@ -298,7 +284,6 @@ class LocalCq {
     slots_ = fresh;
     mask_ = capacity - 1;
     head_.store(0, std::memory_order_relaxed);
-    head_seen_.store(0, std::memory_order_relaxed);
     tail_.store(n, std::memory_order_relaxed);
     if (n) ready->store(1, std::memory_order_release);
     return true;
@@ -387,10 +372,9 @@ class LocalCq {
   }
 
   // Producers' line: the claim counter, the claim's mode (the top of this
-  // file), the last head they read and the geometry they read.
+  // file) and the geometry they read.
   alignas(64) std::atomic<uint32_t> tail_{0};
   std::atomic<uint32_t> multi_{0};  // 1: several producers (CAS); see set_multi
-  std::atomic<uint32_t> head_seen_{0};
   uint32_t mask_ = 0;
   LocalCqSlot* slots_ = nullptr;
   // The consumer's: the next position to take (stored, release, after a
