@@ -22,16 +22,17 @@
 // poller, under the provider's poll_lock) reads the slot at `head` when seq
 // is head + 1 (acquire), copies those 32 bytes and zeroes the other 16 of
 // the ibv_wc it hands out, and, after the last slot it takes in a poll,
-// stores head (release: those slots are free for the next lap). Full: the completion is lost and the CQ has
-// overrun (IBV_EVENT_CQ_ERR, as for the shared ring).
+// stores head (release: those slots are free for the next lap). Full: the
+// completion is lost and the CQ has overrun (IBV_EVENT_CQ_ERR, as for the
+// shared ring).
 //
 // Why this shape: a signaled post's completion is three stores, where the
-// whole ibv_wc in the slot took five with its seq, and the consumer frees a poll's slots with
-// its one store of head instead of one per slot. Stores are what a post
-// waits on when the line its data goes to is contended (the top of
-// write_leaf_locked, transport_post.cc), and UCX signals every short put.
-// Producers read head with acquire (pairs with the consumer's release: its
-// reads of a slot happen before the producer that reuses it writes).
+// whole ibv_wc in the slot took five with its seq, and the consumer frees a
+// poll's slots with its one store of head instead of one per slot. Stores
+// are what a post waits on when the line its data goes to is contended (the
+// top of write_leaf_locked, transport_post.cc), and UCX signals every short
+// put. Producers read head with acquire (pairs with the consumer's release:
+// its reads of a slot happen before the producer that reuses it writes).
 //
 // The claim. With one producer (the usual CQ: one QP sends into it) `tail`
 // has one writer, and the claim is a plain load and store; with more (QPs of
@@ -135,9 +136,8 @@ class LocalCq {
   // ---------------------------------------------------------- producers
 
   // Claims the next position: its slot (then put), or nullptr when the FIFO
-  // is full. The caller holds its QP's sq_lock (the
-  // top of this file: one producer claims with a plain store, several with
-  // reserve_multi's CAS).
+  // is full. The caller holds its QP's sq_lock (the top of this file: one
+  // producer claims with a plain store, several with reserve_multi's CAS).
   [[gnu::always_inline]] LocalCqSlot* reserve(uint32_t* pos_out) noexcept {
     if (multi_.load(std::memory_order_relaxed)) [[unlikely]]
       return reserve_multi(pos_out);

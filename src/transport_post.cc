@@ -439,9 +439,8 @@ template <bool kLarge>
   const Peer* pp = one_sided_leaf_peer(qp, tail);
   if (!pp) return Leaf::kNotHandled;
   // The completion's slot must be free (claimed below, once nothing can fail).
-  if ((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) {
-    if (!qp->send_local || !qp->send_local->room_single()) return Leaf::kNotHandled;
-  }
+  if (((wr.send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all) && !leaf_completion_ready(qp))
+    return Leaf::kNotHandled;
   uint8_t* dst = remote_write_hit(qp, *pp, wr.wr.rdma.rkey, wr.wr.rdma.remote_addr, len);
   if constexpr (kLarge) {
     // More than 16 bytes: move_out's memmove (move_one: both sides are
