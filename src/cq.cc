@@ -351,6 +351,7 @@ int LocalContext::create_cq(uint32_t cqe, uint32_t channel, uint32_t flags, CqIn
     return rc;
   }
   e->generation += 1;
+  e->ring_epoch += 1;
   e->capacity = capacity;
   e->slot_stride = kCqeStride;
   e->ring_offset = off;
@@ -458,6 +459,7 @@ int LocalContext::resize_cq(uint32_t index, uint32_t cqe, CqInfo* out) noexcept 
   e->slot_stride = kCqeStride;
   e->ring_offset = off;
   e->ring_bytes = bytes;
+  e->ring_epoch += 1;  // what producers knew of the old ring's room
   e->resizing.store(0, std::memory_order_release);  // producers that see 0 see the new geometry
   heap_free(s.ring_off, s.ring_bytes);
   s.ring_off = off;

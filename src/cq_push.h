@@ -81,6 +81,22 @@ enum class Fast { kFallback, kPushed, kArmed };
   return Fast::kPushed;
 }
 
+// P2 for a producer counted in: fill writes the CQE into the slot it
+// reserved, then the slot is published. The reservation uses what *cache
+// knows of the ring's free slots (Ring::try_reserve_within), which holds
+// for this entry's ring in this epoch: counted in, with no resize running,
+// the epoch cannot move (the owner moves it only while no producer is in).
+template <typename Fill>
+[[gnu::always_inline]] inline RingStatus push_slot(const layout::CqEntry* e, RingCache* cache, Fill&& fill) noexcept {
+  const uint32_t epoch = e->ring_epoch;
+  if (cache->room_entry != e || cache->room_epoch != epoch) [[unlikely]] {
+    cache->room_entry = e;
+    cache->room_epoch = epoch;
+    cache->room = cache->ring.producer_position();  // nothing known: the reservation asks the consumer's position
+  }
+  return cache->ring.try_push_cas_within<sizeof(layout::Cqe)>(&cache->room, fill);
+}
+
 // One push of a producer that entered (P2, then P4): fill(payload) writes
 // the CQE (sizeof(layout::Cqe) bytes) into the reserved slot. kFallback:
 // nothing was published (no free slot at the first try, or the poller gave
@@ -88,7 +104,7 @@ enum class Fast { kFallback, kPushed, kArmed };
 template <typename Fill>
 [[gnu::always_inline]] inline Fast push_entered(const layout::CqEntry* e, RingCache* cache, bool qualifies,
                                                 Fill&& fill) noexcept {
-  if (cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill) != RingStatus::ok) [[unlikely]]  // P2
+  if (push_slot(e, cache, fill) != RingStatus::ok) [[unlikely]]  // P2
     return Fast::kFallback;
   return published(e, qualifies);
 }
@@ -108,8 +124,8 @@ template <typename Fill>
                                                     bool qualifies, Fill&& fill) noexcept {
   if (!enter(peer, e, cache)) [[unlikely]]
     return Fast::kFallback;
-  const RingStatus st = cache->ring.try_push_cas_with<sizeof(layout::Cqe)>(fill);  // P2
-  leave(e);                                                                         // P3
+  const RingStatus st = push_slot(e, cache, fill);  // P2
+  leave(e);                                         // P3
   if (st != RingStatus::ok) [[unlikely]]
     return Fast::kFallback;  // nothing was published: push_shared_cqe tries again
   return published(e, qualifies);

@@ -23,7 +23,7 @@
 
 namespace shmrdma::layout {
 
-inline constexpr uint32_t kLayoutVersion = 16;
+inline constexpr uint32_t kLayoutVersion = 17;
 inline constexpr uint64_t kMagic = 0x414d4452'4d485300ull;  // "\0SHMRDMA" little endian
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint32_t kPageSize = 4096;
@@ -349,7 +349,13 @@ struct CqEntry {
   std::atomic<uint32_t> producers;  // pushes in progress
   std::atomic<uint32_t> resizing;   // nonzero while the owner swaps rings
   uint32_t flags;                   // CqFlags
-  uint32_t reserved[3];
+  // Moved on by the owner whenever it formats a ring for this entry (create,
+  // resize; never reset): what a producer knows of a ring's free slots
+  // (RingCache::room, cq_push.h push_slot) holds for one epoch of one entry.
+  // Written before the state goes live or the resize ends (R1, resizing's
+  // release); producers read it counted in (P1), when no ring swap runs.
+  uint32_t ring_epoch;
+  uint32_t reserved[2];
 };
 static_assert(sizeof(CqEntry) == 64);
 static_assert(offsetof(CqEntry, notify) == 32);

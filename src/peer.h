@@ -34,11 +34,19 @@ struct HomeDevice;  // directory.h
 // and stride. (bytes follows from capacity and stride in every ring that
 // validates: Peer::ring requires bytes == Ring::bytes_for(capacity, stride).)
 // Private to its user (the QP's send lock).
+//
+// A CQ's producers also keep here how far that ring is known to be free
+// (cq_push.h push_slot, Ring::try_reserve_within): positions before `room`
+// were given back by the consumer, for the ring of CQ entry room_entry in
+// its epoch room_epoch (CqEntry::ring_epoch). A view validated afresh knows
+// nothing (room_entry nullptr).
 struct RingCache {
   uint64_t stamp = 0;  // the Peer the view points into
   uint64_t offset = 0;
   uint32_t capacity = 0, stride = 0;
   Ring ring;
+  const void* room_entry = nullptr;
+  uint32_t room_epoch = 0, room = 0;
 };
 
 // A number no other Peer object of this process has had (never 0): caches

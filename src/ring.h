@@ -421,9 +421,53 @@ class Ring {
   // also gets the reserved position: fill(payload, pos).
   template <std::size_t N, typename Fill>
   [[gnu::always_inline]] RingStatus try_push_cas_with(Fill&& fill) const noexcept {
+    return fill_and_publish<N>(try_reserve(), fill);
+  }
+
+  // try_reserve for a producer that remembers how far this ring is known to
+  // be free: *room, a position before which every slot was given back by
+  // the consumer. A position in [*room - capacity, *room) is reserved
+  // without reading its slot, whose line the consumer is polling, so the
+  // producer's first touch of that line is the write of its item: one
+  // cache-line transfer per push instead of two (the slot read shared, then
+  // taken for writing). Otherwise *room is learnt again from consumer_pos,
+  // which the single consumer stores (release) after it gave a slot back
+  // (release_sc, skip_unpublished_sc): every position before consumer_pos +
+  // capacity is free, and the acquire orders the consumer's reads of those
+  // slots before our writes (as A2 does). A consumer_pos that is not at
+  // most one lap behind the producers' position (untrusted), or by which
+  // the ring is full, teaches nothing: then try_reserve reads the slot. The
+  // caller keeps *room for this ring alone (the CQ producers: per entry and
+  // ring epoch, cq_push.h push_slot).
+  RingResult try_reserve_within(uint32_t* room) const noexcept {
+    assert(attached());
+    uint32_t pos = shared_->producer_pos.load(std::memory_order_relaxed);
+    for (unsigned attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      if (*room - pos - 1 >= capacity_) {  // pos is not in [*room - capacity, *room)
+        const uint32_t c = shared_->consumer_pos.load(std::memory_order_acquire);
+        if (pos - c >= capacity_) return try_reserve();
+        *room = c + capacity_;
+      }
+      // Relaxed, as try_reserve's: the CAS hands out the ticket.
+      if (shared_->producer_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed,
+                                                      std::memory_order_relaxed))
+        return {RingStatus::ok, handle_at(header(pos), pos)};
+    }
+    return {RingStatus::contended, {}};
+  }
+
+  // try_push_cas_with, reserving with try_reserve_within(room).
+  template <std::size_t N, typename Fill>
+  [[gnu::always_inline]] RingStatus try_push_cas_within(uint32_t* room, Fill&& fill) const noexcept {
+    return fill_and_publish<N>(try_reserve_within(room), fill);
+  }
+
+  // The rest of both: fill the slot r reserved (r.status when none), then
+  // publish it with the CAS.
+  template <std::size_t N, typename Fill>
+  [[gnu::always_inline]] RingStatus fill_and_publish(const RingResult& r, Fill& fill) const noexcept {
     static_assert(N <= kMinStride - kRingSlotHeaderBytes, "every valid slot holds it");
     assert(attached());
-    const RingResult r = try_reserve();
     if (!r) return r.status;
     if constexpr (std::is_invocable_v<Fill&, std::byte*, uint32_t>)
       fill(r.handle.payload, r.handle.pos);

@@ -648,6 +648,35 @@ TEST_F(ContextTest, InspectClampsAGarbageWqState) {
   e->wq_state.store(static_cast<uint32_t>(WqState::kReset));
 }
 
+// Every ring a CQ entry has had has its own epoch (layout::CqEntry::
+// ring_epoch): what producers learnt of one ring's free slots holds for it
+// alone (cq_push.h push_slot). Create and resize move it on; it is never
+// reset, so a new CQ in a freed entry does not start where an old one was.
+TEST_F(ContextTest, EveryRingOfACqEntryHasItsOwnEpoch) {
+  Mapping raw;
+  ASSERT_EQ(Mapping::attach(ctx_->segment_path(), layout::SegmentKind::kContext, 0, &raw), 0);
+  const layout::ContextLayout l = layout::compute_context_layout(kHeap);
+  CqInfo c = cq(4);
+  const auto* e = raw.at<layout::CqEntry>(l.cq_table) + c.index;
+  std::vector<uint32_t> seen{e->ring_epoch};
+  auto moved_on = [&](const char* what) {
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), e->ring_epoch), 0) << what;
+    seen.push_back(e->ring_epoch);
+  };
+  CqInfo out{};
+  ASSERT_EQ(ctx_->resize_cq(c.index, 4, &out), 0);
+  moved_on("a resize to the same size");
+  ASSERT_EQ(ctx_->resize_cq(c.index, 100, &out), 0);
+  moved_on("a resize to a larger size");
+  EXPECT_EQ(ctx_->resize_cq(c.index, 0, &out), EINVAL);
+  EXPECT_EQ(e->ring_epoch, seen.back()) << "a resize that fails formats no ring";
+  ASSERT_EQ(ctx_->destroy_cq(c.index), 0);
+  CqInfo again = cq(4);
+  ASSERT_EQ(again.index, c.index) << "the freed entry is reused";
+  moved_on("a new CQ in the entry");
+  ASSERT_EQ(ctx_->destroy_cq(again.index), 0);
+}
+
 TEST_F(ContextTest, HeapExhaustionLeaksNothing) {
   ContextObjects before = inspect(*ctx_);
   uint32_t held_before = held(*ctx_, layout::kObjCq);

@@ -8,6 +8,10 @@
 
 #include "ring.h"
 
+#include "cq_push.h"
+#include "layout.h"
+#include "peer.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -512,6 +516,142 @@ INSTANTIATE_TEST_SUITE_P(StartPositions, RingWrap,
                          ::testing::Values(0u, UINT32_MAX, UINT32_MAX - 3,
                                            UINT32_MAX - 100, 0x7FFFFFFEu,
                                            0x80000000u));
+
+// ------------------------------------------------- known room
+
+// The CQ consumer's way (ibv_poll_cq): its position, published_for, release_sc.
+bool take_sc(const Ring& r, uint64_t* v) {
+  const uint32_t pos = r.consumer_position();
+  RingSlotHeader* h = r.slot_header(pos);
+  if (!Ring::published_for(h, pos)) return false;
+  std::memcpy(v, reinterpret_cast<std::byte*>(h) + kRingSlotHeaderBytes, sizeof *v);
+  r.release_sc(h, pos);
+  return true;
+}
+
+RingStatus push_within(const Ring& r, uint32_t* room, uint64_t v) {
+  return r.try_push_cas_within<sizeof v>(room, [&](std::byte* p) { std::memcpy(p, &v, sizeof v); });
+}
+
+class RingRoom : public ::testing::TestWithParam<uint32_t> {};
+
+// A producer that keeps the room it learnt (try_reserve_within) pushes
+// exactly when the ring has a free slot (full exactly at capacity, at every
+// offset, across the u32 wrap), its items come out in order, and what it
+// knows never runs past what the consumer gave back: room is at most
+// consumer_pos + capacity.
+TEST_P(RingRoom, KnowsNoMoreRoomThanTheConsumerGaveBack) {
+  constexpr uint32_t kCap = 8;
+  const uint32_t start = GetParam();
+  RingMem m(kCap, 64);
+  Ring r = make_ring(m, kCap, 64, start);
+  uint32_t room = r.producer_position();  // knows nothing
+  uint64_t next_in = 0, next_out = 0;
+  std::mt19937 rng(start);
+  for (int step = 0; step < 20000; ++step) {
+    if (rng() % 2) {
+      const bool was_full = next_in - next_out == kCap;
+      const RingStatus st = push_within(r, &room, next_in);
+      ASSERT_EQ(st, was_full ? RingStatus::full : RingStatus::ok) << step;
+      if (st == RingStatus::ok) ++next_in;
+    } else {
+      uint64_t v = 0;
+      const bool got = take_sc(r, &v);
+      ASSERT_EQ(got, next_in != next_out) << step;
+      if (got) {
+        ASSERT_EQ(v, next_out++) << step;
+      }
+    }
+    ASSERT_LE(static_cast<uint32_t>(room - r.consumer_position()), kCap) << step;
+  }
+  EXPECT_EQ(r.producer_position(), static_cast<uint32_t>(start + next_in));
+}
+
+INSTANTIATE_TEST_SUITE_P(StartPositions, RingRoom,
+                         ::testing::Values(0u, UINT32_MAX, UINT32_MAX - 3, 0x7FFFFFFEu));
+
+// What the room is for: a position known free is reserved without a look at
+// its slot (a slot the consumer scribbled on: reserved all the same, and the
+// publication finds it not free and says so, as for a slot given up; the
+// slot-reading try_reserve sees it and gives up). And the consumer's position
+// (untrusted) is believed only when it is at most one lap behind the
+// producers: ahead of them, or more than a lap behind, the slots are read.
+TEST(RingRoomHostile, AKnownFreeSlotIsNotReadAndAnImpossibleConsumerPositionTeachesNothing) {
+  constexpr uint32_t kCap = 4;
+  RingMem m(kCap, 64);
+  Ring r = make_ring(m, kCap, 64);
+  uint32_t room = r.producer_position();
+  ASSERT_EQ(push_within(r, &room, 1), RingStatus::ok);
+  EXPECT_EQ(room, kCap) << "learnt from consumer_pos 0";
+  seq_of(m, 64, 1).store(77);
+  EXPECT_EQ(push_within(r, &room, 2), RingStatus::abandoned);
+  EXPECT_EQ(r.producer_position(), 2u) << "position 1 was reserved without reading its slot";
+  seq_of(m, 64, 2).store(77);
+  uint64_t v = 3;
+  EXPECT_EQ(r.try_push_cas(&v, sizeof v), RingStatus::contended) << "try_reserve reads the slot";
+  EXPECT_EQ(r.producer_position(), 2u);
+
+  RingMem m2(kCap, 64);
+  Ring q = make_ring(m2, kCap, 64);
+  uint32_t room2 = q.producer_position();
+  for (uint64_t i = 0; i < kCap; ++i) ASSERT_EQ(push_within(q, &room2, i), RingStatus::ok) << i;
+  EXPECT_EQ(push_within(q, &room2, 9), RingStatus::full);
+  m2.shared()->consumer_pos.store(kCap + 5);  // ahead of the producers
+  EXPECT_EQ(push_within(q, &room2, 9), RingStatus::full);
+  m2.shared()->consumer_pos.store(0u - 1);  // more than a lap behind
+  EXPECT_EQ(push_within(q, &room2, 9), RingStatus::full);
+  EXPECT_EQ(room2, kCap) << "neither was learnt";
+  EXPECT_EQ(q.producer_position(), kCap);
+  m2.shared()->consumer_pos.store(0);
+  for (uint64_t i = 0; i < kCap; ++i) {
+    ASSERT_TRUE(take_sc(q, &v)) << i;
+    EXPECT_EQ(v, i);
+  }
+}
+
+// cq_push.h push_slot: what a producer knew of a CQ's ring holds for that
+// entry's ring epoch only (layout::CqEntry::ring_epoch). A resize formats a
+// new ring, possibly where an old one of the same capacity was (so the
+// producer's RingCache still holds it), with positions from 0 again: the
+// room learnt of the old ring would have a push overwrite a completion the
+// resize moved in. Another entry's ring in the same memory: the same.
+TEST(RingRoom, PushSlotForgetsTheRoomOfAnotherRingEpochOrEntry) {
+  constexpr uint32_t kCap = 4;
+  RingMem m(kCap, 64);
+  layout::CqEntry e{};
+  e.ring_epoch = 1;
+  RingCache cache;
+  cache.ring = make_ring(m, kCap, 64);
+  const layout::CqEntry* entry = &e;
+  auto push = [&](uint64_t v) {
+    return cqpush::push_slot(entry, &cache, [&](std::byte* p) { std::memcpy(p, &v, sizeof v); });
+  };
+  uint64_t v = 0;
+  for (uint64_t i = 0; i < kCap; ++i) ASSERT_EQ(push(i), RingStatus::ok);
+  for (uint64_t i = 0; i < kCap; ++i) ASSERT_TRUE(take_sc(cache.ring, &v));
+  for (uint64_t i = kCap; i < 2 * kCap; ++i) ASSERT_EQ(push(i), RingStatus::ok);
+  ASSERT_EQ(cache.room, 2 * kCap) << "knows positions 4-7 free";
+  // The resize: the same memory formatted again, the four completions moved
+  // in (positions 0-3: full), the epoch moved on.
+  auto reformat_full = [&] {
+    Ring fresh = make_ring(m, kCap, 64);
+    for (uint64_t i = kCap; i < 2 * kCap; ++i) ASSERT_EQ(fresh.try_push(&i, sizeof i), RingStatus::ok);
+  };
+  reformat_full();
+  e.ring_epoch = 2;
+  EXPECT_EQ(push(100), RingStatus::full);
+  // Another entry, with the epoch the first had: as new.
+  cache.room = 2 * kCap;
+  reformat_full();
+  layout::CqEntry other{};
+  other.ring_epoch = 2;
+  entry = &other;
+  EXPECT_EQ(push(101), RingStatus::full);
+  for (uint64_t i = kCap; i < 2 * kCap; ++i) {
+    ASSERT_TRUE(take_sc(cache.ring, &v));
+    EXPECT_EQ(v, i) << "a moved completion was overwritten";
+  }
+}
 
 // ------------------------------------------------------------ corruption
 
