@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -675,6 +676,34 @@ TEST_F(ContextTest, EveryRingOfACqEntryHasItsOwnEpoch) {
   ASSERT_EQ(again.index, c.index) << "the freed entry is reused";
   moved_on("a new CQ in the entry");
   ASSERT_EQ(ctx_->destroy_cq(again.index), 0);
+}
+
+// A producer that died between reserving a CQ slot and publishing it
+// (LocalContext::skip_dead_push): the completion behind the slot waits, and
+// once the slot has stayed reserved for 2 s an empty poll gives it up and
+// the next poll hands the completion out. (A look reads whether the slot is
+// reserved only when the consumer has not moved since the previous look.)
+TEST_F(ContextTest, ACqSlotADeadProducerReservedIsGivenUpAfterTwoSeconds) {
+  using Clock = std::chrono::steady_clock;
+  CqInfo c = cq(4);
+  ASSERT_TRUE(c.ring.try_reserve()) << "the producer that dies";
+  layout::Cqe e{};
+  e.wr_id = 42;
+  e.status = IBV_WC_SUCCESS;
+  e.opcode = IBV_WC_RECV;
+  e.byte_len = 8;
+  ASSERT_EQ(c.ring.try_push_cas(&e, sizeof e), RingStatus::ok);
+  ibv_wc wc[4];
+  const Clock::time_point start = Clock::now();
+  int n = 0;
+  while ((n = ctx_->poll_cq(c, 4, wc)) == 0 && Clock::now() - start < std::chrono::seconds(10)) ::usleep(1000);
+  const auto waited = Clock::now() - start;
+  ASSERT_EQ(n, 1) << "the slot was never given up";
+  EXPECT_EQ(wc[0].wr_id, 42u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_GE(waited, std::chrono::seconds(2)) << "given up before it stalled for 2 s";
+  EXPECT_EQ(ctx_->poll_cq(c, 4, wc), 0);
+  ASSERT_EQ(ctx_->destroy_cq(c.index), 0);
 }
 
 TEST_F(ContextTest, HeapExhaustionLeaksNothing) {
