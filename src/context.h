@@ -681,10 +681,12 @@ class LocalContext {
     uint32_t flags = 0;                   // layout::CqFlags
     // poll_cq's watch for a producer that died mid-push (skip_dead_push);
     // touched only under the CQ's poll lock.
-    uint32_t empty_polls = 0, stall_pos = 0;
-    uint64_t stall_since_ns = 0;
+    uint32_t empty_polls = 0;
     uint32_t look_pos = 0;  // the consumer position the last look saw
     bool looked = false;
+    // When a look first found the slot at look_pos reserved (0: none since
+    // the position last moved).
+    uint64_t stall_since_ns = 0;
     // The ring positions of the last kSkipped slots skip_dead_push gave up
     // (1 << 32 | position; 0: none), each written before its slot is given
     // up, so that recv_completion_delivered tells a receive completion the
@@ -698,8 +700,7 @@ class LocalContext {
       channel = o.channel; flags = o.flags;
       live = o.live; refs = o.refs; ring_off = o.ring_off; ring_bytes = o.ring_bytes; info = o.info; user = o.user;
       overrun_reported.store(o.overrun_reported.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      empty_polls = o.empty_polls; stall_pos = o.stall_pos; stall_since_ns = o.stall_since_ns;
-      look_pos = o.look_pos; looked = o.looked;
+      empty_polls = o.empty_polls; look_pos = o.look_pos; looked = o.looked; stall_since_ns = o.stall_since_ns;
       for (uint32_t i = 0; i < kSkipped; ++i)
         skipped[i].store(o.skipped[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
       skipped_next = o.skipped_next;

@@ -727,8 +727,7 @@ void LocalContext::skip_dead_push(const CqInfo& cq, bool every) noexcept {
     return;
   }
   const uint64_t now = mono_ns();
-  if (!st.stall_since_ns || st.stall_pos != pos) {
-    st.stall_pos = pos;
+  if (!st.stall_since_ns) {  // (a timer running is one for look_pos: a move resets it)
     st.stall_since_ns = now;
     return;
   }
