@@ -1097,8 +1097,9 @@ class Report:
 
     def near_probe_values(self, name: str) -> list[float]:
         """name's values from probes whose own hand-off was near (pingpong's,
-        spin_floor's); the other probes tell no placement."""
-        own = {"pingpong": "cacheline_halfrtt_ns_median", "spin_floor": "spin2_handoff_ns_median"}
+        spin_floor's, stream_bw's); the other probes tell no placement."""
+        own = {"pingpong": "cacheline_halfrtt_ns_median", "spin_floor": "spin2_handoff_ns_median",
+               "stream_bw": "stream_handoff_ns_median"}
         return [vals[name] for _b, k, vals, _e in self.probes
                 if name in vals and k in own and own[k] in vals and self.classify([vals[own[k]]]) == "near"]
 
@@ -1452,11 +1453,15 @@ class Report:
             L.append(f"| {name} | {fmt(median(v))} | {fmt(min(v))} | {fmt(max(v))} | {len(v)} | "
                      f"{fmt(median(nv)) if nv else '—'} |")
         L.append("")
-        L.append("The last column: the probes that tell their own placement (`pingpong`'s hand-off, and "
-                 "`spin_floor`'s, which it measures beside its two loops), near ones only. `spin2_halfrtt`: "
+        L.append("The last column: the probes that tell their own placement (`pingpong`'s hand-off, "
+                 "`spin_floor`'s and `stream_bw`'s, which they measure beside their loops), near ones only. "
+                 "`spin2_halfrtt`: "
                  "ib_write_lat's own loop (spin on a byte the peer stores, no pause) with a plain store in "
                  "place of the post, what ib_write_lat costs with a provider that takes no time; "
-                 "`spin2_pause_halfrtt`: the same loop with a pause in the spin (bench/README.md).")
+                 "`spin2_pause_halfrtt`: the same loop with a pause in the spin; `stream_*_GBps_*`: WRITEs "
+                 "and SENDs over shmrdma from a loop that costs next to nothing (probes/stream_bw.c), what the "
+                 "provider moves per second without perftest's per-message bookkeeping, with its own hand-off "
+                 "`stream_handoff_ns_median` (bench/README.md).")
         L.append("")
         # every peer
         L.append("## Peers, every run")
@@ -1681,6 +1686,7 @@ def main(argv=None) -> int:
             return -1, str(e)
 
     rc, out = device("up")
+    device_up = rc == 0
     if rc != 0:
         report.notes.append(f"`shmrdma up` failed: {tail(out)}")
         log(report.notes[-1])
@@ -1720,6 +1726,20 @@ def main(argv=None) -> int:
             f"(with a pause {fmt(vals.get('spin2_pause_halfrtt_ns_median'))} ns; its hand-off "
             f"{fmt(vals.get('spin2_handoff_ns_median'))} ns)")
 
+    def probe_stream(b: int) -> None:
+        """The streams at boundary b (probes/stream_bw.c: 64 KiB and 1 MiB
+        WRITEs and SENDs over shmrdma with a loop that costs next to nothing,
+        what the provider moves without perftest's per-message bookkeeping),
+        with the hand-off it measured itself, which tells its placement."""
+        if "stream_bw" not in probes or not device_up:
+            return
+        vals, err = run_probe(args, [shmrdma, "run", probes["stream_bw"], *args.cpus.split(",")], timeout=60,
+                              env=env)
+        report.probes.append((b, "stream_bw", vals, err))
+        log(f"probe {b}: streams without perftest's loop: 64 KiB WRITE {fmt(vals.get('stream_write_GBps_65536'))}"
+            f" / SEND {fmt(vals.get('stream_send_GBps_65536'))} GB/s (its hand-off "
+            f"{fmt(vals.get('stream_handoff_ns_median'))} ns){f'; {err}' if err else ''}")
+
     def probe_run() -> float | None:
         """The cache-line probe after a run (15 ms): the next run's "before"."""
         vals, _err = run_probe(args, [probes["pingpong"], *args.cpus.split(",")], timeout=30)
@@ -1737,6 +1757,7 @@ def main(argv=None) -> int:
     try:
         last = probe_boundary(0, True)
         probe_spin(0)
+        probe_stream(0)
         for rnd in range(1, args.rounds + 1):
             if args.wait_near > 0:
                 last = wait_near(rnd - 1, last)
@@ -1770,6 +1791,7 @@ def main(argv=None) -> int:
                         device("up")
             last = probe_boundary(rnd, rnd == args.rounds and not args.quick)
             probe_spin(rnd)
+            probe_stream(rnd)
             # partial results after every round: an interrupted run still leaves a report
             report.write_csv(os.path.join(args.out, "latest.csv"))
             report.write_md(os.path.join(args.out, "latest.md"))
