@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 PROBES_SRC = os.path.join(BENCH, "probes")
-PROBES_UTIL = os.path.join(PROBES_SRC, "probe_util.h")
 PROBES_BIN = os.path.join(BENCH, ".build")
 
 KiB = 1024
@@ -772,7 +771,9 @@ def build_probes(cc: str) -> dict[str, str]:
         if name.startswith("mpi_") and not shutil.which("mpicc"):
             log(f"no mpicc (Debian: libopenmpi-dev): probe {name} and the Open MPI rows are left out")
             continue
-        newest = max(os.path.getmtime(path), os.path.getmtime(PROBES_UTIL))  # probe_util.h: what they share
+        # the headers beside them (probe_util.h, probe_verbs.h): what they share
+        newest = max([os.path.getmtime(path)] + [os.path.getmtime(os.path.join(PROBES_SRC, h))
+                                                  for h in os.listdir(PROBES_SRC) if h.endswith(".h")])
         if not os.path.exists(binp) or os.path.getmtime(binp) < newest:
             compiler = cc if src.endswith(".c") else os.environ.get("CXX", "c++")
             if name.startswith("mpi_"):

@@ -55,6 +55,8 @@
         exit(1);                                       \
     } while (0)
 
+#include "probe_verbs.h" /* after DIE, which it uses */
+
 enum { kSqDepth = 128, kRqDepth = 512, kSignalEvery = 64, kSamples = 101, kWarmup = 3, kMaxSizes = 8, kPollBatch = 16,
        kHandoffTrips = 100, kHandoffBatches = 201 };
 
@@ -125,36 +127,6 @@ static struct wire describe(const struct side *s)
     if (ibv_query_port(s->ctx, 1, &port)) DIE("ibv_query_port");
     struct wire w = {s->qp->qp_num, s->mr->rkey, port.lid, (uint64_t)(uintptr_t)s->buf};
     return w;
-}
-
-static void to_rts(struct ibv_qp *qp, const struct wire *peer)
-{
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = peer->qpn;
-    a.ah_attr.dlid = peer->lid;
-    a.ah_attr.port_num = 1;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        DIE("RTR");
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7; /* retry without end: the target reposts */
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                  IBV_QP_MAX_QP_RD_ATOMIC))
-        DIE("RTS");
 }
 
 static inline void relax(void)
@@ -228,7 +200,7 @@ static void target(int cpu, int in, int out, size_t max, volatile long *line)
     struct wire me = describe(&s), peer;
     xwrite(out, &me, sizeof me);
     xread(in, &peer, sizeof peer);
-    to_rts(s.qp, &peer);
+    probe_rc_to_rts(s.qp, peer.qpn, peer.lid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
     xwrite(out, "r", 1);
     for (;;) {
         struct plan p;
@@ -359,7 +331,7 @@ int main(int argc, char **argv)
     struct wire me = describe(&s), peer;
     xread(in, &peer, sizeof peer);
     xwrite(out, &me, sizeof me);
-    to_rts(s.qp, &peer);
+    probe_rc_to_rts(s.qp, peer.qpn, peer.lid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
     xread(in, &c, 1);
     for (int i = 0; i < nsizes; ++i)
         for (int op = 0; op < 2; ++op) {

@@ -47,35 +47,7 @@
 
 #define DIE(...) do { fprintf(stderr, "verbs_cost: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid, int atomic) {
-  struct ibv_qp_attr a;
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE |
-                      (atomic ? IBV_ACCESS_REMOTE_ATOMIC : 0);
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) DIE("INIT");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_4096;
-  a.dest_qp_num = dest;
-  a.ah_attr.dlid = lid;
-  a.ah_attr.port_num = 1;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 1;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    DIE("RTR");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                IBV_QP_MAX_QP_RD_ATOMIC))
-    DIE("RTS");
-}
+#include "probe_verbs.h"
 
 static void poll_one(struct ibv_cq *cq, enum ibv_wc_opcode op) {
   struct ibv_wc wc;
@@ -150,8 +122,10 @@ int main(int argc, char **argv) {
     qp[i] = ibv_create_qp(pd, &ia);
     if (!qp[i]) DIE("create_qp");
   }
-  to_rts(qp[0], qp[1]->qp_num, port.lid, atomic);
-  to_rts(qp[1], qp[0]->qp_num, port.lid, atomic);
+  const unsigned access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE |
+                          (atomic ? IBV_ACCESS_REMOTE_ATOMIC : 0);
+  probe_rc_to_rts(qp[0], qp[1]->qp_num, port.lid, access);
+  probe_rc_to_rts(qp[1], qp[0]->qp_num, port.lid, access);
 
   struct ibv_sge sge = {(uintptr_t)buf[0], 8, mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
