@@ -762,6 +762,9 @@ class Runner:
 def build_probes(cc: str) -> dict[str, str]:
     os.makedirs(PROBES_BIN, exist_ok=True)
     out = {}
+    # the headers beside them (probe_util.h, probe_verbs.h): what they share
+    headers = max((os.path.getmtime(os.path.join(PROBES_SRC, h)) for h in os.listdir(PROBES_SRC)
+                   if h.endswith(".h")), default=0)
     for src in sorted(os.listdir(PROBES_SRC)):
         if not src.endswith((".c", ".cc")):
             continue
@@ -771,9 +774,7 @@ def build_probes(cc: str) -> dict[str, str]:
         if name.startswith("mpi_") and not shutil.which("mpicc"):
             log(f"no mpicc (Debian: libopenmpi-dev): probe {name} and the Open MPI rows are left out")
             continue
-        # the headers beside them (probe_util.h, probe_verbs.h): what they share
-        newest = max([os.path.getmtime(path)] + [os.path.getmtime(os.path.join(PROBES_SRC, h))
-                                                  for h in os.listdir(PROBES_SRC) if h.endswith(".h")])
+        newest = max(os.path.getmtime(path), headers)
         if not os.path.exists(binp) or os.path.getmtime(binp) < newest:
             compiler = cc if src.endswith(".c") else os.environ.get("CXX", "c++")
             if name.startswith("mpi_"):

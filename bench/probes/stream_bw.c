@@ -67,7 +67,6 @@ struct side {
     struct ibv_qp *qp;
     struct ibv_mr *mr;
     unsigned char *buf;
-    size_t len;
 };
 
 struct wire {  /* what each side tells the other */
@@ -102,7 +101,6 @@ static void open_side(struct side *s, size_t len)
     if (!s->ctx) DIE("ibv_open_device");
     s->pd = ibv_alloc_pd(s->ctx);
     s->cq = ibv_create_cq(s->ctx, kSqDepth + kRqDepth, NULL, NULL, 0);
-    s->len = len;
     s->buf = aligned_alloc(4096, len);
     if (!s->pd || !s->cq || !s->buf) DIE("pd/cq/buffer");
     memset(s->buf, 0, len);
@@ -121,12 +119,20 @@ static void open_side(struct side *s, size_t len)
     if (!s->qp) DIE("ibv_create_qp");
 }
 
-static struct wire describe(const struct side *s)
+/* Either end: its side opened (a buffer of len bytes), what it is sent to
+ * the other end and the other end's read back (a pipe holds the few bytes
+ * each end writes first, so both ends do it in the same order), its QP
+ * taken to RTS towards the other's. The other end's description. */
+static struct wire connect_side(struct side *s, size_t len, int in, int out)
 {
+    open_side(s, len);
     struct ibv_port_attr port;
     if (ibv_query_port(s->ctx, 1, &port)) DIE("ibv_query_port");
-    struct wire w = {s->qp->qp_num, s->mr->rkey, port.lid, (uint64_t)(uintptr_t)s->buf};
-    return w;
+    struct wire me = {s->qp->qp_num, s->mr->rkey, port.lid, (uint64_t)(uintptr_t)s->buf}, peer;
+    xwrite(out, &me, sizeof me);
+    xread(in, &peer, sizeof peer);
+    probe_rc_to_rts(s->qp, peer.qpn, peer.lid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
+    return peer;
 }
 
 static inline void relax(void)
@@ -161,6 +167,15 @@ static double handoff(volatile long *line, int parent)
     return half[kHandoffBatches / 2];
 }
 
+/* The child's part of a hand-off, once the parent is told to start (the
+ * line reset first, so the parent's first count is the one it waits for). */
+static void answer_handoff(volatile long *line, int out)
+{
+    *line = 0;
+    xwrite(out, "h", 1);
+    handoff(line, 0);
+}
+
 /* The byte the check pattern has at offset i of message m. */
 static unsigned char pattern(long m, size_t i)
 {
@@ -192,24 +207,16 @@ static void post_recv(struct side *s, size_t size, int n)
 static void target(int cpu, int in, int out, size_t max, volatile long *line)
 {
     if (probe_pin(cpu)) DIE("pin %d", cpu);
-    *line = 0;
-    xwrite(out, "h", 1);
-    handoff(line, 0);
+    answer_handoff(line, out);
     struct side s;
-    open_side(&s, max);
-    struct wire me = describe(&s), peer;
-    xwrite(out, &me, sizeof me);
-    xread(in, &peer, sizeof peer);
-    probe_rc_to_rts(s.qp, peer.qpn, peer.lid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
+    connect_side(&s, max, in, out);
     xwrite(out, "r", 1);
     for (;;) {
         struct plan p;
         xread(in, &p, sizeof p);
         if (p.op < 0) break;
         if (p.op == 2) {
-            *line = 0;
-            xwrite(out, "h", 1);
-            handoff(line, 0);
+            answer_handoff(line, out);
             continue;
         }
         if (p.op == 1) {
@@ -327,12 +334,8 @@ int main(int argc, char **argv)
     xread(in, &c, 1); /* the child waits for the first count */
     const double before = handoff(line, 1);
     struct side s;
-    open_side(&s, max);
-    struct wire me = describe(&s), peer;
-    xread(in, &peer, sizeof peer);
-    xwrite(out, &me, sizeof me);
-    probe_rc_to_rts(s.qp, peer.qpn, peer.lid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
-    xread(in, &c, 1);
+    const struct wire peer = connect_side(&s, max, in, out);
+    xread(in, &c, 1); /* the target's QP is ready too */
     for (int i = 0; i < nsizes; ++i)
         for (int op = 0; op < 2; ++op) {
             double v = stream(&s, &peer, in, out, op, sizes[i]);
